@@ -1,0 +1,121 @@
+//! What a store answers: the decision and the state of every quota, from one read.
+
+use smallvec::SmallVec;
+
+/// The state of one quota after a decision, as the headers report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaStatus {
+    /// The quota's limit (units per window).
+    pub limit: u64,
+    /// Units that can be spent now, within `0..=limit`.
+    pub remaining: u64,
+    /// Unix ms at which the quota is fully available again (a window's stored reset).
+    pub reset_ms: u64,
+    /// When this quota rejected the request: ms until it would be admitted; else 0.
+    pub retry_after_ms: u64,
+    /// Whether this quota alone would admit the request.
+    pub allowed: bool,
+    /// Identity of the state charged (a fixed window's reset): a refund only
+    /// applies to state with the same identity, never to a newer window.
+    pub window_id: u64,
+}
+
+impl QuotaStatus {
+    /// Units spent in the current window (`limit - remaining`).
+    pub fn used(&self) -> u64 {
+        self.limit - self.remaining
+    }
+}
+
+/// Why a request was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// A quota has too little left now; retrying after `Retry-After` may succeed.
+    Exhausted,
+    /// The request's cost exceeds a quota's limit: it can never be admitted.
+    CostExceedsLimit,
+}
+
+/// The outcome of one charge: allowed or not, and every quota's state from the same read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    allowed: bool,
+    reason: Option<RejectReason>,
+    statuses: SmallVec<[QuotaStatus; 2]>,
+}
+
+impl Decision {
+    /// Builds a decision from per-quota statuses (in policy order). It is allowed
+    /// only if every quota allows it.
+    pub fn from_statuses(statuses: impl IntoIterator<Item = QuotaStatus>, cost: u64) -> Self {
+        let statuses: SmallVec<[QuotaStatus; 2]> = statuses.into_iter().collect();
+        let allowed = statuses.iter().all(|s| s.allowed);
+        let reason = if allowed {
+            None
+        } else if statuses.iter().any(|s| cost > s.limit) {
+            Some(RejectReason::CostExceedsLimit)
+        } else {
+            Some(RejectReason::Exhausted)
+        };
+        Self {
+            allowed,
+            reason,
+            statuses,
+        }
+    }
+
+    /// Whether the request is admitted (and was charged).
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Why it was rejected, if it was.
+    pub fn reject_reason(&self) -> Option<RejectReason> {
+        self.reason
+    }
+
+    /// Each quota's state, in the policy's order.
+    pub fn statuses(&self) -> &[QuotaStatus] {
+        &self.statuses
+    }
+
+    pub(crate) fn statuses_mut(&mut self) -> &mut [QuotaStatus] {
+        &mut self.statuses
+    }
+
+    /// Index of the quota the headers report: when rejected, the rejecting quota
+    /// with the longest wait; when allowed, the one with the least remaining.
+    pub fn binding(&self) -> usize {
+        let mut best = 0;
+        for (i, s) in self.statuses.iter().enumerate().skip(1) {
+            let b = &self.statuses[best];
+            let better = if self.allowed {
+                (s.remaining, std::cmp::Reverse(s.reset_ms))
+                    < (b.remaining, std::cmp::Reverse(b.reset_ms))
+            } else {
+                (!s.allowed, s.retry_after_ms) > (!b.allowed, b.retry_after_ms)
+            };
+            if better {
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// The status of the binding quota.
+    pub fn binding_status(&self) -> Option<&QuotaStatus> {
+        self.statuses.get(self.binding())
+    }
+
+    /// Ms until a rejected request would be admitted (the longest wait of any
+    /// rejecting quota); 0 if allowed.
+    pub fn retry_after_ms(&self) -> u64 {
+        self.statuses
+            .iter()
+            .filter(|s| !s.allowed)
+            .map(|s| s.retry_after_ms)
+            .max()
+            .unwrap_or(0)
+    }
+}

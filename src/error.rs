@@ -1,0 +1,59 @@
+//! Errors: configuration problems (at build time) and store failures (per request).
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+/// A configuration problem, reported when the layer or store is built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid rate limit configuration: {message}")]
+pub struct ConfigError {
+    message: Cow<'static, str>,
+}
+
+impl ConfigError {
+    pub(crate) fn new(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a store call failed. The layer answers per its failure policy and never panics.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The call did not finish within the store timeout.
+    #[error("rate limit store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// No connection could be had (refused, pool exhausted, circuit open).
+    #[error("rate limit store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered with an error (e.g. Redis `OOM`, `BUSY`, `READONLY`).
+    #[error("rate limit store answered an error: {0}")]
+    Response(String),
+    /// The store's answer did not have the expected shape.
+    #[error("rate limit store answered something unexpected: {0}")]
+    Protocol(String),
+    /// The memory store is at its key cap and is configured to refuse new keys.
+    #[error("rate limit store is tracking its maximum of {max_keys} keys and refuses new ones")]
+    Full {
+        /// The configured cap.
+        max_keys: usize,
+        /// When the earliest tracked state expires, freeing room (Unix ms).
+        retry_at_ms: u64,
+    },
+}
+
+impl StoreError {
+    /// A short, stable label for logs and metrics: `timeout`, `unavailable`,
+    /// `response`, `protocol` or `full`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Response(_) => "response",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::Full { .. } => "full",
+        }
+    }
+}

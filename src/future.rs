@@ -1,0 +1,249 @@
+//! [`ResponseFuture`]: one request's path through the limiter.
+
+use crate::body::ResponseBody;
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::{Key, KeyError};
+use crate::limiter::{BoxFuture, Charged, KeySource, Limiter, PolicySource, Verdict};
+use crate::quota::Policy;
+use crate::store::StoreFuture;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tower_service::Service;
+
+/// A request waiting for its decision, with the ready inner service that will serve it.
+struct Waiting<S, B> {
+    service: S,
+    parts: Parts,
+    body: B,
+}
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S::Future>,
+        waiting: Option<Waiting<S, B>>,
+        charged: Option<Charged>,
+        resolved: Option<(Key, Policy, u64, u64)>,
+        limiter: Arc<Limiter>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // Async key or policy lookup (only for users of `key_async`/`policy_async`).
+        Resolving { fut: BoxFuture<Result<Option<(Key, Policy)>, KeyError>> },
+        // The store call is in flight.
+        Charging { fut: StoreFuture<Result<Decision, StoreError>> },
+        // The inner service is answering.
+        Inner { #[pin] fut: F },
+        // The limiter answered; the inner service was not called.
+        Answered { res: Option<Response<Bytes>> },
+    }
+}
+
+impl<S, B, ResBody> ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+{
+    pub(crate) fn start(service: &mut S, limiter: &Arc<Limiter>, req: Request<B>) -> Self {
+        let (parts, body) = req.into_parts();
+        let mut this = ResponseFuture {
+            state: State::Answered { res: None },
+            waiting: None,
+            charged: None,
+            resolved: None,
+            limiter: limiter.clone(),
+        };
+        let key = match &limiter.key {
+            KeySource::Sync(k) => k.extract(&parts),
+            KeySource::Async(f) => {
+                let fut = f(&parts);
+                let policy = resolve_later(limiter, &parts);
+                this.state = State::Resolving {
+                    fut: Box::pin(async move {
+                        match fut.await? {
+                            Some(key) => Ok(Some((key, policy(key).await?))),
+                            None => Ok(None),
+                        }
+                    }),
+                };
+                this.wait(service, parts, body);
+                return this;
+            }
+        };
+        let key = match key {
+            Ok(Some(key)) => key,
+            Ok(None) => return this.forward_now(service, parts, body),
+            Err(e) => return this.answer(limiter.key_error(&e)),
+        };
+        match &limiter.policy {
+            PolicySource::Static(p) => this.charge(service, parts, body, key, p.clone()),
+            PolicySource::Sync(f) => {
+                let p = f(&parts, &key);
+                this.charge(service, parts, body, key, p)
+            }
+            PolicySource::Async(f) => {
+                let fut = f(&parts, key);
+                this.state = State::Resolving {
+                    fut: Box::pin(async move { Ok(Some((key, fut.await?))) }),
+                };
+                this.wait(service, parts, body);
+                this
+            }
+        }
+    }
+
+    fn charge(mut self, service: &mut S, parts: Parts, body: B, key: Key, policy: Policy) -> Self {
+        let limiter = self.limiter.clone();
+        let cost = limiter.cost(&parts);
+        let now = limiter.clock.now_ms();
+        let mut fut = limiter.charge(&key, &policy, cost, now);
+        match fut.now_or_never() {
+            // The memory store answers at once: decide without another poll.
+            Some(result) => match limiter.verdict(key, policy, cost, now, result) {
+                Verdict::Forward(charged) => {
+                    self.charged = charged;
+                    self.forward_now(service, parts, body)
+                }
+                Verdict::Answer(res) => self.answer(res),
+            },
+            None => {
+                self.resolved = Some((key, policy, cost, now));
+                self.state = State::Charging { fut };
+                self.wait(service, parts, body);
+                self
+            }
+        }
+    }
+
+    /// Keeps the request and the ready inner service until the decision arrives.
+    fn wait(&mut self, service: &mut S, parts: Parts, body: B) {
+        // The ready service goes with this request; `self.inner` gets a fresh clone.
+        let clone = service.clone();
+        let service = std::mem::replace(service, clone);
+        self.waiting = Some(Waiting { service, parts, body });
+    }
+
+    fn forward_now(mut self, service: &mut S, parts: Parts, body: B) -> Self {
+        self.state = State::Inner {
+            fut: service.call(Request::from_parts(parts, body)),
+        };
+        self
+    }
+
+    fn answer(mut self, res: Response<Bytes>) -> Self {
+        self.state = State::Answered { res: Some(res) };
+        self
+    }
+}
+
+/// For `key_async`: resolves the policy once the key is known.
+fn resolve_later(limiter: &Arc<Limiter>, parts: &Parts) -> impl FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> {
+    let ready = |p: Policy| -> BoxFuture<Result<Policy, KeyError>> { Box::pin(std::future::ready(Ok(p))) };
+    let source: Box<dyn FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> + Send> = match &limiter.policy {
+        PolicySource::Static(p) => {
+            let p = p.clone();
+            Box::new(move |_| ready(p))
+        }
+        PolicySource::Sync(f) => {
+            let f = f.clone();
+            let head = crate::layer::clone_head(parts);
+            Box::new(move |k| ready(f(&head, &k)))
+        }
+        PolicySource::Async(f) => {
+            let f = f.clone();
+            let head = crate::layer::clone_head(parts);
+            Box::new(move |k| f(&head, k))
+        }
+    };
+    source
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Resolving { fut } => {
+                    let resolved = ready!(fut.as_mut().poll(cx));
+                    let waiting = this.waiting.take().expect("request kept while resolving");
+                    match resolved {
+                        Ok(Some((key, policy))) => {
+                            let cost = this.limiter.cost(&waiting.parts);
+                            let now = this.limiter.clock.now_ms();
+                            let fut = this.limiter.charge(&key, &policy, cost, now);
+                            *this.resolved = Some((key, policy, cost, now));
+                            *this.waiting = Some(waiting);
+                            this.state.set(State::Charging { fut });
+                        }
+                        Ok(None) => {
+                            let Waiting { mut service, parts, body } = waiting;
+                            let fut = service.call(Request::from_parts(parts, body));
+                            this.state.set(State::Inner { fut });
+                        }
+                        Err(e) => {
+                            let res = this.limiter.key_error(&e);
+                            this.state.set(State::Answered { res: Some(res) });
+                        }
+                    }
+                }
+                StateProj::Charging { fut } => {
+                    let result = ready!(Pin::new(fut).poll(cx));
+                    let (key, policy, cost, now) = this.resolved.take().expect("charge inputs kept");
+                    match this.limiter.verdict(key, policy, cost, now, result) {
+                        Verdict::Forward(charged) => {
+                            *this.charged = charged;
+                            let Waiting { mut service, parts, body } =
+                                this.waiting.take().expect("request kept while charging");
+                            let fut = service.call(Request::from_parts(parts, body));
+                            this.state.set(State::Inner { fut });
+                        }
+                        Verdict::Answer(res) => {
+                            *this.waiting = None;
+                            this.state.set(State::Answered { res: Some(res) });
+                        }
+                    }
+                }
+                StateProj::Inner { fut } => {
+                    let res = ready!(fut.poll(cx))?;
+                    let (mut head, body) = res.into_parts();
+                    if let Some(charged) = this.charged.take() {
+                        this.limiter.finish(charged, head.status, &mut head.headers);
+                    }
+                    return Poll::Ready(Ok(Response::from_parts(head, ResponseBody::inner(body))));
+                }
+                StateProj::Answered { res } => {
+                    let res = res.take().expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(res.map(ResponseBody::limiter)));
+                }
+            }
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,45 @@
+//! Fleet-wide rate limiting for tower, axum and tonic services.
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use axum::{routing::get, Router};
+//! use tower_ratelimit::{key::PeerIp, Quota, RateLimitLayer};
+//!
+//! let limit = RateLimitLayer::builder()
+//!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+//!     .key(PeerIp::new())
+//!     .build()
+//!     .expect("valid configuration");
+//! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(limit);
+//! ```
+//!
+//! See the README for the store choice (memory per process, Redis per fleet),
+//! header semantics and the pitfalls of keying by client IP.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod algorithm;
+mod body;
+pub mod clock;
+mod decision;
+mod error;
+mod future;
+pub mod headers;
+pub mod key;
+mod layer;
+mod limiter;
+pub mod quota;
+mod response;
+mod service;
+pub mod store;
+
+pub use body::ResponseBody;
+pub use decision::{Decision, QuotaStatus, RejectReason};
+pub use error::{ConfigError, StoreError};
+pub use future::ResponseFuture;
+pub use headers::HeaderStyle;
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Status, StatusError, DEFAULT_STORE_TIMEOUT};
+pub use limiter::OnStoreError;
+pub use quota::{Algorithm, Policy, Quota};
+pub use response::{default_key_error, default_rejection, Rejection};
+pub use service::RateLimit;

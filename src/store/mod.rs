@@ -1,0 +1,162 @@
+//! Where limiter state lives: the [`Store`] seam, with [`MemoryStore`] (embedded,
+//! per process) and, with the `redis` feature, `RedisStore` (shared by the fleet).
+//!
+//! ```
+//! use tower_ratelimit::store::MemoryStore;
+//! let store = MemoryStore::builder().max_keys(10_000).build();
+//! // Clones share one state: hand the same store to every layer that should share limits.
+//! let _shared = store.clone();
+//! ```
+
+mod memory;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder, Overflow};
+
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::quota::Policy;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// The limiter a call belongs to: one store can serve several layers, each in
+/// its own namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    name: String,
+    id: u64,
+}
+
+impl Namespace {
+    /// A namespace; `name` is validated by the layer builder (`[A-Za-z0-9_.-]`, 1..=64 bytes).
+    pub(crate) fn new(name: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let d = Sha256::digest(name.as_bytes());
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&d[..8]);
+        Self {
+            name: name.to_owned(),
+            id: u64::from_le_bytes(id),
+        }
+    }
+
+    /// The limiter's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A stable 64-bit id derived from the name.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// One charge: apply `policy` to `key` at `now_ms` with `cost`, all quotas or none.
+#[derive(Debug)]
+pub struct Charge<'a> {
+    /// The limiter.
+    pub namespace: &'a Namespace,
+    /// The client.
+    pub key: &'a Key,
+    /// The quotas to charge, all or nothing.
+    pub policy: &'a Policy,
+    /// Units to charge.
+    pub cost: u64,
+    /// The application's time, Unix ms.
+    pub now_ms: u64,
+    /// The latency budget for the whole call (pool wait, connect, script).
+    pub timeout: Duration,
+}
+
+/// One refund: give `cost` back to the state `decision` charged, if it is still current.
+#[derive(Debug)]
+pub struct Refund<'a> {
+    /// The original charge's fields.
+    pub charge: Charge<'a>,
+    /// The decision the charge returned (it identifies the windows charged).
+    pub decision: &'a Decision,
+}
+
+/// A store future: ready at once for the memory store (no allocation), boxed
+/// for network stores.
+pub enum StoreFuture<T> {
+    /// Already computed.
+    Ready(Option<T>),
+    /// Still running.
+    Pending(Pin<Box<dyn Future<Output = T> + Send + 'static>>),
+}
+
+impl<T> StoreFuture<T> {
+    /// A future that is already complete.
+    pub fn ready(value: T) -> Self {
+        StoreFuture::Ready(Some(value))
+    }
+
+    /// Boxes a pending future.
+    pub fn pending(fut: impl Future<Output = T> + Send + 'static) -> Self {
+        StoreFuture::Pending(Box::pin(fut))
+    }
+
+    /// The value, if the future completed without awaiting.
+    pub fn now_or_never(&mut self) -> Option<T> {
+        match self {
+            StoreFuture::Ready(v) => v.take(),
+            StoreFuture::Pending(_) => None,
+        }
+    }
+}
+
+impl<T> Unpin for StoreFuture<T> {}
+
+impl<T> Future for StoreFuture<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.get_mut() {
+            StoreFuture::Ready(v) => Poll::Ready(v.take().expect("StoreFuture polled after completion")),
+            StoreFuture::Pending(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for StoreFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreFuture::Ready(_) => f.write_str("StoreFuture::Ready"),
+            StoreFuture::Pending(_) => f.write_str("StoreFuture::Pending"),
+        }
+    }
+}
+
+/// Where limiter state lives. One call per decision; each call is atomic.
+///
+/// Implementations must treat any state whose stored reset has passed as absent,
+/// charge nothing on a rejection, and answer within `timeout` or with
+/// [`StoreError::Timeout`].
+pub trait Store: Send + Sync + 'static {
+    /// Charges `call.cost` against every quota of the policy if all admit it, and
+    /// returns every quota's state from that same atomic step.
+    fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>>;
+
+    /// Gives a charge back to the windows it was charged to (never to newer ones).
+    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>>;
+
+    /// Reads the state without charging (e.g. for a `GET /rate_limit` endpoint).
+    /// The decision is marked allowed; statuses report what is left.
+    fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>>;
+}
+
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        (**self).charge(call)
+    }
+    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
+        (**self).refund(call)
+    }
+    fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        (**self).status(call)
+    }
+}
