@@ -7,32 +7,35 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 pin_project! {
-    /// Either the inner service's body or a body the limiter wrote (a rejection).
-    #[project = BodyProj]
+    /// Either the inner service's body, untouched, or a body the limiter wrote (a rejection).
     #[derive(Debug)]
-    pub enum ResponseBody<B> {
-        /// The inner service's body, untouched.
-        Inner {
-            /// The inner body.
-            #[pin]
-            body: B,
-        },
-        /// A body written by the limiter.
-        Limiter {
-            /// What is left to send.
-            data: Option<Bytes>,
-        },
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Limiter { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
-        ResponseBody::Inner { body }
+        Self {
+            kind: Kind::Inner { body },
+        }
     }
 
     pub(crate) fn limiter(data: Bytes) -> Self {
-        ResponseBody::Limiter {
-            data: if data.is_empty() { None } else { Some(data) },
+        Self {
+            kind: Kind::Limiter {
+                data: (!data.is_empty()).then_some(data),
+            },
         }
     }
 }
@@ -45,23 +48,23 @@ where
     type Error = B::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project() {
-            BodyProj::Inner { body } => body.poll_frame(cx),
-            BodyProj::Limiter { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Limiter { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            ResponseBody::Inner { body } => body.is_end_stream(),
-            ResponseBody::Limiter { data } => data.is_none(),
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Limiter { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            ResponseBody::Inner { body } => body.size_hint(),
-            ResponseBody::Limiter { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Limiter { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
 }
