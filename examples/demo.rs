@@ -1,1 +1,130 @@
-fn main(){}
+//! A configurable demo server: try settings by hand, and the target of the
+//! black-box tests.
+//!
+//! ```text
+//! cargo run --example demo -- --limit 3 --window 10s --key ip --headers both
+//! ```
+//!
+//! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
+//! `GET /status/{code}` → that status. Prints one line `listening on ADDR` once
+//! it accepts connections, and exits cleanly on SIGTERM or Ctrl-C.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use axum::{extract::Path, http::StatusCode, routing::get, Router};
+use clap::{Parser, ValueEnum};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tower_ratelimit::key::{ClientIp, Header, Key, KeyExtractor};
+use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
+
+#[derive(Parser, Debug)]
+#[command(about = "tower-ratelimit demo server")]
+struct Args {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Where limiter state lives; `none` runs without a limiter (a baseline).
+    #[arg(long, value_enum, default_value_t = StoreKind::Memory)]
+    store: StoreKind,
+    /// Requests allowed per window.
+    #[arg(long, default_value_t = 10)]
+    limit: u64,
+    /// Window length: 500ms, 1s, 60s, 1h.
+    #[arg(long, default_value = "60s", value_parser = common::parse_duration)]
+    window: Duration,
+    /// What a client is: `ip` (the peer address), `global` (one shared limit) or `header:NAME`.
+    #[arg(long, default_value = "ip", value_parser = parse_key)]
+    key: KeyKind,
+    /// Which rate-limit headers responses carry.
+    #[arg(long, value_enum, default_value_t = Headers::Github)]
+    headers: Headers,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum StoreKind {
+    Memory,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Headers {
+    Github,
+    Ietf,
+    Both,
+    None,
+}
+
+#[derive(Clone, Debug)]
+enum KeyKind {
+    Ip,
+    Global,
+    Header(String),
+}
+
+fn parse_key(s: &str) -> Result<KeyKind, String> {
+    match s {
+        "ip" => Ok(KeyKind::Ip),
+        "global" => Ok(KeyKind::Global),
+        _ => match s.strip_prefix("header:") {
+            Some(name) if !name.is_empty() => {
+                http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("`{name}` is not a valid header name"))?;
+                Ok(KeyKind::Header(name.to_owned()))
+            }
+            _ => Err(format!("unknown key `{s}`: use ip, global or header:NAME")),
+        },
+    }
+}
+
+fn key_extractor(kind: &KeyKind) -> Result<Box<dyn KeyExtractor>, Box<dyn std::error::Error>> {
+    Ok(match kind {
+        KeyKind::Ip => Box::new(ClientIp::new()),
+        KeyKind::Global => Box::new(|_: &http::request::Parts| Key::global()),
+        KeyKind::Header(name) => Box::new(Header::new(name.as_str())?),
+    })
+}
+
+async fn status(Path(code): Path<u16>) -> Result<StatusCode, (StatusCode, &'static str)> {
+    StatusCode::from_u16(code).map_err(|_| (StatusCode::BAD_REQUEST, "not a status code\n"))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
+        .route("/status/{code}", get(status));
+
+    if let StoreKind::Memory = args.store {
+        let layer = RateLimitLayer::builder()
+            .quota(Quota::new(args.limit, args.window)?)
+            .key(key_extractor(&args.key)?)
+            .headers(match args.headers {
+                Headers::Github => HeaderStyle::GitHub,
+                Headers::Ietf => HeaderStyle::Ietf,
+                Headers::Both => HeaderStyle::Both,
+                Headers::None => HeaderStyle::None,
+            })
+            .build()?;
+        app = app.layer(layer);
+    }
+
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    // The socket is bound and listening: connections queue from here on.
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "listening on {}", listener.local_addr()?)?;
+    out.flush()?;
+    drop(out);
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(common::shutdown_signal())
+        .await?;
+    Ok(())
+}

@@ -46,11 +46,18 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Builds a decision from per-quota statuses (in policy order). It is allowed
-    /// only if every quota allows it.
+    /// Builds a decision from per-quota statuses as each quota would stand after
+    /// charging `cost` (in policy order). It is allowed only if every quota allows
+    /// it; otherwise nothing is charged, and the statuses say so.
     pub fn from_statuses(statuses: impl IntoIterator<Item = QuotaStatus>, cost: u64) -> Self {
-        let statuses: SmallVec<[QuotaStatus; 2]> = statuses.into_iter().collect();
+        let mut statuses: SmallVec<[QuotaStatus; 2]> = statuses.into_iter().collect();
         let allowed = statuses.iter().all(|s| s.allowed);
+        if !allowed {
+            // All or nothing: quotas that would have admitted were not charged either.
+            for s in statuses.iter_mut().filter(|s| s.allowed) {
+                *s = crate::algorithm::refunded_status(*s, cost);
+            }
+        }
         let reason = if allowed {
             None
         } else if statuses.iter().any(|s| cost > s.limit) {

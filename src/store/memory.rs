@@ -97,7 +97,9 @@ pub struct MemoryStoreBuilder {
 
 impl MemoryStoreBuilder {
     /// The most keys tracked at once (default 100,000, about 15 MB). Expired
-    /// state does not count: it is reclaimed as new keys arrive.
+    /// state does not count: it is reclaimed as new keys arrive. The cap is
+    /// split evenly over the lock shards, so the store may reach [`Overflow`]
+    /// somewhat before it holds exactly `max_keys`; it never holds more.
     ///
     /// ```
     /// use tower_ratelimit::store::MemoryStore;

@@ -32,7 +32,7 @@ pub struct Namespace {
 
 impl Namespace {
     /// A namespace; `name` is validated by the layer builder (`[A-Za-z0-9_.-]`, 1..=64 bytes).
-    pub(crate) fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         use sha2::{Digest, Sha256};
         let d = Sha256::digest(name.as_bytes());
         let mut id = [0u8; 8];

@@ -1,0 +1,480 @@
+//! The layer through a real axum server and a real HTTP client over TCP, and
+//! through `oneshot` with `Router::layer`, `route_layer` and `ServiceBuilder`.
+
+#[path = "support/http.rs"]
+mod http_support;
+
+use axum::{http::StatusCode, routing::get, Router};
+use http::request::Parts;
+use http_support::{HttpClient, TestServer};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_ratelimit::clock::ManualClock;
+use tower_ratelimit::key::{ClientIp, Header, Key, PeerIp};
+use tower_ratelimit::{HeaderStyle, Policy, Quota, RateLimitLayer};
+
+/// A time in the middle of a second, so second boundaries are crossed inside a window.
+const T0: u64 = 1_700_000_000_400;
+
+fn app() -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
+}
+
+fn layer(limit: u64, window: Duration, clock: &ManualClock) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .quota(Quota::new(limit, window).unwrap())
+        .key(PeerIp::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn allowed_responses_carry_github_headers_and_one_reset_across_second_boundaries() {
+    let clock = ManualClock::new(T0);
+    let server = TestServer::start(app().layer(layer(5, Duration::from_secs(60), &clock))).await;
+    let client = HttpClient::new();
+    let expected_reset = (T0 + 60_000).div_ceil(1000);
+    for i in 0..5u64 {
+        let r = client.get(&server.url("/")).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body, "ok");
+        assert_eq!(r.header_u64("x-ratelimit-limit"), 5);
+        assert_eq!(r.header_u64("x-ratelimit-remaining"), 4 - i);
+        assert_eq!(r.header_u64("x-ratelimit-used"), i + 1);
+        assert_eq!(r.header_u64("x-ratelimit-reset"), expected_reset, "request {i}");
+        assert!(r.header("retry-after").is_none());
+        // 700 ms per request: crosses several second boundaries within the window.
+        clock.advance(Duration::from_millis(700));
+    }
+}
+
+#[tokio::test]
+async fn rejected_response_has_remaining_zero_a_future_reset_retry_after_and_a_problem_document() {
+    let clock = ManualClock::new(T0);
+    let server = TestServer::start(app().layer(layer(2, Duration::from_secs(60), &clock))).await;
+    let client = HttpClient::new();
+    let first = client.get(&server.url("/")).await;
+    client.get(&server.url("/")).await;
+    clock.advance(Duration::from_millis(10_300));
+    let r = client.get(&server.url("/")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 0);
+    let reset = r.header_u64("x-ratelimit-reset");
+    assert_eq!(reset, first.header_u64("x-ratelimit-reset"), "same window, same reset");
+    assert!(reset * 1000 > T0 + 10_300, "reset is in the future");
+    let retry = r.header_u64("retry-after");
+    assert!(retry > 0);
+    assert_eq!(retry, (60_000u64 - 10_300).div_ceil(1000));
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(r.body.contains(&format!("\"retry_after\":{retry}")), "{}", r.body);
+    assert!(r.body.contains("\"status\":429"));
+}
+
+#[tokio::test]
+async fn not_modified_responses_are_refunded_and_show_the_refunded_remaining() {
+    let clock = ManualClock::new(T0);
+    let server = TestServer::start(app().layer(layer(2, Duration::from_secs(60), &clock))).await;
+    let client = HttpClient::new();
+    for _ in 0..5 {
+        let r = client.get(&server.url("/not-modified")).await;
+        assert_eq!(r.status, StatusCode::NOT_MODIFIED);
+        assert_eq!(r.header_u64("x-ratelimit-remaining"), 2, "a 304 costs nothing");
+    }
+    assert_eq!(client.get(&server.url("/")).await.status, StatusCode::OK);
+    let r = client.get(&server.url("/not-modified")).await;
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 1);
+    assert_eq!(client.get(&server.url("/")).await.status, StatusCode::OK);
+    assert_eq!(client.get(&server.url("/")).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_new_window_opens_once_the_stored_reset_has_passed() {
+    let clock = ManualClock::new(T0);
+    let server = TestServer::start(app().layer(layer(1, Duration::from_secs(10), &clock))).await;
+    let client = HttpClient::new();
+    let a = client.get(&server.url("/")).await;
+    assert_eq!(client.get(&server.url("/")).await.status, StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(Duration::from_secs(10));
+    let b = client.get(&server.url("/")).await;
+    assert_eq!(b.status, StatusCode::OK);
+    assert_eq!(b.header_u64("x-ratelimit-reset"), a.header_u64("x-ratelimit-reset") + 10);
+}
+
+#[tokio::test]
+async fn ietf_style_names_every_policy_and_both_style_sends_both() {
+    let clock = ManualClock::new(T0);
+    let policy = Policy::new(Quota::new(10, Duration::from_secs(1)).unwrap())
+        .and(Quota::new(100, Duration::from_secs(3600)).unwrap().named("hourly"))
+        .unwrap();
+    let l = RateLimitLayer::builder()
+        .policy(policy)
+        .clock(clock.clone())
+        .headers(HeaderStyle::Both)
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l)).await;
+    let r = HttpClient::new().get(&server.url("/")).await;
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""1s";q=10;w=1, "hourly";q=100;w=3600"#));
+    assert_eq!(r.header("ratelimit"), Some(r#""1s";r=9;t=1, "hourly";r=99;t=3600"#));
+    // GitHub headers report the most restrictive quota: 9 of 10 left beats 99 of 100.
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 9);
+}
+
+#[tokio::test]
+async fn header_style_none_sends_no_rate_limit_headers_but_rejections_keep_retry_after() {
+    let clock = ManualClock::new(T0);
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(1, Duration::from_secs(5)).unwrap())
+        .clock(clock)
+        .headers(HeaderStyle::None)
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l)).await;
+    let client = HttpClient::new();
+    let ok = client.get(&server.url("/")).await;
+    assert!(ok.headers.keys().all(|k| !k.as_str().contains("ratelimit")));
+    let no = client.get(&server.url("/")).await;
+    assert_eq!(no.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(no.header_u64("retry-after"), 5);
+}
+
+/// A handler that counts its calls.
+fn counting_app(calls: Arc<AtomicUsize>) -> Router {
+    Router::new().route(
+        "/",
+        get(move || {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                "ok"
+            }
+        }),
+    )
+}
+
+#[tokio::test]
+async fn a_rejected_request_never_reaches_the_inner_service() {
+    let clock = ManualClock::new(T0);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = counting_app(calls.clone()).layer(layer(3, Duration::from_secs(60), &clock));
+    let server = TestServer::start(app).await;
+    let client = HttpClient::new();
+    let mut ok = 0;
+    for _ in 0..10 {
+        if client.get(&server.url("/")).await.status == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 3);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn clones_of_one_layer_share_one_limiter() {
+    let clock = ManualClock::new(T0);
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(3, Duration::from_secs(60)).unwrap())
+        .clock(clock)
+        .build()
+        .unwrap();
+    let a = Router::new().route("/", get(|| async { "a" })).layer(l.clone());
+    let b = Router::new().route("/", get(|| async { "b" })).layer(l);
+    let mut admitted = 0;
+    for i in 0..6 {
+        let svc = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let res = svc.oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+        admitted += usize::from(res.status() == StatusCode::OK);
+    }
+    assert_eq!(admitted, 3);
+}
+
+#[tokio::test]
+async fn route_layer_limits_only_matched_routes_and_unmatched_paths_stay_404() {
+    let clock = ManualClock::new(T0);
+    let app = Router::new()
+        .route("/limited", get(|| async { "x" }))
+        .route_layer(layer(1, Duration::from_secs(60), &clock))
+        .route("/free", get(|| async { "y" }));
+    let peer = axum::extract::connect_info::MockConnectInfo(std::net::SocketAddr::from(([10, 0, 0, 1], 1234)));
+    let app = app.layer(peer);
+    let req = |p: &str| http::Request::get(p).body(axum::body::Body::empty()).unwrap();
+    assert_eq!(app.clone().oneshot(req("/limited")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(app.clone().oneshot(req("/limited")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..3 {
+        assert_eq!(app.clone().oneshot(req("/free")).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(app.clone().oneshot(req("/missing")).await.unwrap().status(), StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test]
+async fn a_bare_service_builder_stack_is_limited_and_keeps_its_error_type() {
+    let clock = ManualClock::new(T0);
+    let svc = ServiceBuilder::new()
+        .layer(layer(2, Duration::from_secs(60), &clock))
+        .service_fn(|_req: http::Request<String>| async {
+            Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from("hi"))))
+        });
+    let req = || {
+        let mut r = http::Request::new(String::new());
+        r.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 80)));
+        r
+    };
+    let statuses: Vec<u16> = {
+        let mut v = vec![];
+        for _ in 0..3 {
+            let res: Result<_, Infallible> = svc.clone().oneshot(req()).await;
+            v.push(res.unwrap().status().as_u16());
+        }
+        v
+    };
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn an_exempt_request_is_neither_counted_nor_given_headers() {
+    let clock = ManualClock::new(T0);
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+        .key(|p: &Parts| -> Result<Option<Key>, tower_ratelimit::key::KeyError> {
+            Ok((p.uri.path() != "/health").then(Key::global))
+        })
+        .clock(clock)
+        .build()
+        .unwrap();
+    let app = app().route("/health", get(|| async { "up" })).layer(l);
+    let server = TestServer::start(app).await;
+    let c = HttpClient::new();
+    for _ in 0..3 {
+        let r = c.get(&server.url("/health")).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert!(r.header("x-ratelimit-remaining").is_none());
+    }
+    assert_eq!(c.get(&server.url("/")).await.status, StatusCode::OK);
+    assert_eq!(c.get(&server.url("/")).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_missing_key_gets_a_500_naming_the_extractor_and_the_fix() {
+    // No connect info: PeerIp cannot find the peer address.
+    let app = app().layer(layer(5, Duration::from_secs(60), &ManualClock::new(T0)));
+    let res = app.oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = http_body_util::BodyExt::collect(res.into_body()).await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("peer_ip"), "{body}");
+    assert!(body.contains("connect_info"), "{body}");
+}
+
+#[tokio::test]
+async fn the_key_error_response_is_configurable() {
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(5, Duration::from_secs(60)).unwrap())
+        .key(Header::new("x-api-key").unwrap())
+        .on_key_error(|_| http::Response::builder().status(401).body(bytes::Bytes::from("who are you?")).unwrap())
+        .build()
+        .unwrap();
+    let res = app().layer(l).oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn async_policy_gives_tiers_per_key() {
+    let clock = ManualClock::new(T0);
+    let l = RateLimitLayer::builder()
+        .key(Header::new("x-user").unwrap())
+        .policy_async(|parts: &Parts, _key| {
+            let premium = parts.headers.get("x-user").is_some_and(|v| v == "premium");
+            async move {
+                tokio::task::yield_now().await; // a real lookup would await a database here
+                let limit = if premium { 5 } else { 2 };
+                Ok(Policy::new(Quota::new(limit, Duration::from_secs(60)).unwrap()))
+            }
+        })
+        .clock(clock)
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l)).await;
+    let c = HttpClient::new();
+    let count = |user: &'static str| {
+        let c = c.clone();
+        let url = server.url("/");
+        async move {
+            let mut ok = 0;
+            for _ in 0..8 {
+                if c.get_with(&url, &[("x-user", user.as_bytes())]).await.status == StatusCode::OK {
+                    ok += 1;
+                }
+            }
+            ok
+        }
+    };
+    assert_eq!(count("premium").await, 5);
+    assert_eq!(count("free").await, 2);
+}
+
+#[tokio::test]
+async fn async_key_extraction_keys_and_exempts() {
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+        .key_async(|parts: &Parts| {
+            let user = parts.headers.get("x-user").cloned();
+            async move { Ok(user.map(|u| Key::new(u.as_bytes()))) }
+        })
+        .clock(ManualClock::new(T0))
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l)).await;
+    let c = HttpClient::new();
+    let url = server.url("/");
+    assert_eq!(c.get_with(&url, &[("x-user", b"a")]).await.status, StatusCode::OK);
+    assert_eq!(c.get_with(&url, &[("x-user", b"a")]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(c.get_with(&url, &[("x-user", b"b")]).await.status, StatusCode::OK);
+    // No user: exempt.
+    assert_eq!(c.get(&url).await.status, StatusCode::OK);
+    assert_eq!(c.get(&url).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn cost_closure_spends_several_units_and_a_cost_above_the_limit_is_refused_with_a_reason() {
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(10, Duration::from_secs(60)).unwrap())
+        .cost(|p: &Parts| p.headers.get("x-cost").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1))
+        .clock(ManualClock::new(T0))
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l)).await;
+    let c = HttpClient::new();
+    let url = server.url("/");
+    let r = c.get_with(&url, &[("x-cost", b"4")]).await;
+    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (StatusCode::OK, 6));
+    let r = c.get_with(&url, &[("x-cost", b"11")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.body.contains("can never be admitted"), "{}", r.body);
+    assert!(r.header("retry-after").is_none(), "waiting never helps");
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 6, "not charged");
+    let r = c.get_with(&url, &[("x-cost", b"7")]).await;
+    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (StatusCode::TOO_MANY_REQUESTS, 6));
+    let r = c.get_with(&url, &[("x-cost", b"6")]).await;
+    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (StatusCode::OK, 0));
+}
+
+#[tokio::test]
+async fn a_spoofed_x_forwarded_for_from_an_untrusted_peer_does_not_change_the_key() {
+    // The test client connects from 127.0.0.1, which is not trusted here.
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(2, Duration::from_secs(60)).unwrap())
+        .key(ClientIp::new().trust_cidr("10.0.0.0/8".parse().unwrap()))
+        .clock(ManualClock::new(T0))
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l)).await;
+    let c = HttpClient::new();
+    let url = server.url("/");
+    let statuses: Vec<u16> = {
+        let mut v = vec![];
+        for spoof in ["1.1.1.1", "2.2.2.2", "3.3.3.3"] {
+            v.push(c.get_with(&url, &[("x-forwarded-for", spoof.as_bytes())]).await.status.as_u16());
+        }
+        v
+    };
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_rightmost_untrusted_hop_is_the_client() {
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+        .key(ClientIp::new().trust_loopback())
+        .clock(ManualClock::new(T0))
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l)).await;
+    let c = HttpClient::new();
+    let url = server.url("/");
+    // The leftmost entry is whatever the client wrote; only the rightmost untrusted hop counts.
+    let get = |xff: &'static str| {
+        let c = c.clone();
+        let url = url.clone();
+        async move { c.get_with(&url, &[("x-forwarded-for", xff.as_bytes())]).await.status }
+    };
+    assert_eq!(get("9.9.9.9, 203.0.113.7").await, StatusCode::OK);
+    assert_eq!(get("8.8.8.8, 203.0.113.7").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(get("203.0.113.8").await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn non_utf8_and_8_kib_header_values_get_a_defined_answer_not_a_panic() {
+    let l = RateLimitLayer::builder()
+        .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+        .key(Header::new("x-client").unwrap())
+        .clock(ManualClock::new(T0))
+        .build()
+        .unwrap();
+    let ip = RateLimitLayer::builder()
+        .name("ip")
+        .quota(Quota::new(100, Duration::from_secs(60)).unwrap())
+        .key(ClientIp::new().trust_loopback())
+        .clock(ManualClock::new(T0))
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(l).layer(ip)).await;
+    let c = HttpClient::new();
+    let url = server.url("/");
+    let big = vec![b'a'; 8 * 1024];
+    let non_utf8: &[u8] = &[0xff, 0xfe, b'x', 0x80];
+    // Each distinct value is its own key, hashed to a bounded size.
+    assert_eq!(c.get_with(&url, &[("x-client", &big)]).await.status, StatusCode::OK);
+    assert_eq!(c.get_with(&url, &[("x-client", &big)]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(c.get_with(&url, &[("x-client", non_utf8)]).await.status, StatusCode::OK);
+    assert_eq!(c.get_with(&url, &[("x-client", non_utf8)]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Garbage forwarding headers from a trusted peer fall back to that peer: still answered.
+    let garbage_xff = vec![b'z'; 8 * 1024];
+    let r = c.get_with(&url, &[("x-client", b"other"), ("x-forwarded-for", &garbage_xff)]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = c.get_with(&url, &[("x-client", b"third"), ("x-forwarded-for", non_utf8)]).await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
+#[test]
+fn sixty_four_tasks_hammering_one_key_admit_exactly_the_quota() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).build().unwrap();
+    rt.block_on(async {
+        let quota = 1_000;
+        let l = RateLimitLayer::builder()
+            .quota(Quota::new(quota, Duration::from_secs(3600)).unwrap())
+            .clock(ManualClock::new(T0))
+            .build()
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let app = counting_app(calls.clone()).layer(l);
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let mut tasks = vec![];
+        for _ in 0..64 {
+            let app = app.clone();
+            let admitted = admitted.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..50 {
+                    let res = app
+                        .clone()
+                        .oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap())
+                        .await
+                        .unwrap();
+                    if res.status() == StatusCode::OK {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::SeqCst), quota as usize);
+        assert_eq!(calls.load(Ordering::SeqCst), quota as usize);
+    });
+}
