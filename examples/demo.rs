@@ -82,7 +82,7 @@ fn key_extractor(kind: &KeyKind) -> Result<Box<dyn KeyExtractor>, Box<dyn std::e
     Ok(match kind {
         KeyKind::Ip => Box::new(ClientIp::new()),
         KeyKind::Global => Box::new(|_: &http::request::Parts| Key::global()),
-        KeyKind::Header(name) => Box::new(Header::new(name.as_str())?),
+        KeyKind::Header(name) => Box::new(Header::try_new(name.as_str())?),
     })
 }
 

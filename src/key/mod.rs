@@ -8,9 +8,51 @@
 //! // No peer address recorded: a clear error, never a panic.
 //! assert!(ip.extract(&parts).is_err());
 //! ```
+//!
+//! | extractor | keys by |
+//! |---|---|
+//! | [`PeerIp`] | the TCP peer's IP |
+//! | [`ClientIp`] | the client's IP behind trusted proxies (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`) |
+//! | [`ApiKey`] | an API key header or bearer token, hashed |
+//! | [`Header`] | a header's raw value |
+//! | [`extension`] / [`FromExtension`] | a value auth middleware stored in the request extensions |
+//! | [`Method`], [`Path`], `MatchedRoute` (feature `axum`) | what the request asks for |
+//! | [`Constant`], [`Global`] | one key for every request |
+//! | [`Exempt`] | nothing: every request is exempt |
+//! | a closure `Fn(&Parts) -> R` | anything (see [`IntoKeyResult`]) |
+//!
+//! [`KeyExtractorExt`] combines them: `.and` (composite key), `.or`
+//! (fallback), `.exempt_if` (skip some requests). Tuples `(A, B)` and
+//! `(A, B, C)` key like `.and`.
+//!
+//! IP keys are normalised the same way everywhere: IPv4-mapped IPv6 becomes
+//! IPv4, IPv6 is grouped by its /64 (configurable), zone ids are dropped.
 
+mod api_key;
+mod client_ip;
+mod combinators;
+mod constant;
+mod extension;
+mod fn_impl;
+mod forwarded;
+mod header;
+mod ip;
+mod request;
+#[cfg(test)]
+mod test_util;
 mod value;
 
+pub use api_key::ApiKey;
+pub use client_ip::{ClientIp, ForwardedHeader};
+pub use combinators::{And, ExemptIf, KeyExtractorExt, Or};
+pub use constant::{Constant, Exempt, Global};
+pub use extension::{extension, FromExtension};
+pub use fn_impl::IntoKeyResult;
+pub use header::Header;
+pub use ip::PeerIp;
+#[cfg(feature = "axum")]
+pub use request::MatchedRoute;
+pub use request::{Method, Path};
 pub use value::Key;
 
 use http::request::Parts;
@@ -26,7 +68,10 @@ pub struct KeyError {
 
 impl KeyError {
     /// A new error from the extractor named `extractor`.
-    pub fn new(extractor: impl Into<Cow<'static, str>>, reason: impl Into<Cow<'static, str>>) -> Self {
+    pub fn new(
+        extractor: impl Into<Cow<'static, str>>,
+        reason: impl Into<Cow<'static, str>>,
+    ) -> Self {
         Self {
             extractor: extractor.into(),
             reason: reason.into(),
@@ -46,7 +91,11 @@ impl KeyError {
 
 impl fmt::Display for KeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "key extractor `{}` found no key: {}", self.extractor, self.reason)
+        write!(
+            f,
+            "key extractor `{}` found no key: {}",
+            self.extractor, self.reason
+        )
     }
 }
 
@@ -58,7 +107,8 @@ impl std::error::Error for KeyError {}
 /// answered with the layer's key-error response (500 by default), never a panic.
 ///
 /// Implemented for closures `Fn(&Parts) -> R` where `R` is a [`Key`],
-/// `Option<Key>` (`None` is an error), or `Result<Option<Key>, KeyError>`.
+/// `Option<Key>` (`None` is an error), or `Result<Option<Key>, KeyError>`
+/// (see [`IntoKeyResult`]), and for `Arc<E>` and `Box<dyn KeyExtractor>`.
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Extracts the key from the request head.
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError>;

@@ -187,7 +187,10 @@ mod tests {
 
     #[test]
     fn kinds_never_collide() {
-        assert_ne!(Key::new([127, 0, 0, 1]), Key::ip("127.0.0.1".parse().unwrap()));
+        assert_ne!(
+            Key::new([127, 0, 0, 1]),
+            Key::ip("127.0.0.1".parse().unwrap())
+        );
         assert_ne!(Key::new("abc"), Key::secret("abc"));
         assert_ne!(Key::global(), Key::composite(&[]));
     }

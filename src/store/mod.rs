@@ -9,8 +9,12 @@
 //! ```
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder, Overflow};
+#[cfg(feature = "redis")]
+pub use self::redis::{EvictionCheck, RedisStore, RedisStoreBuilder, TimeSource};
 
 use crate::decision::Decision;
 use crate::error::StoreError;

@@ -1,0 +1,139 @@
+//! Keys from what the request asks for: its method, path or matched route.
+
+use super::{Key, KeyError, KeyExtractor};
+use http::request::Parts;
+
+/// Keys by the HTTP method (`GET`, `POST`, …); combine with a client key.
+///
+/// ```
+/// use tower_ratelimit::key::{ClientIp, KeyExtractorExt, Method};
+/// // Each client gets separate budgets for reads and writes.
+/// let per_client_method = ClientIp::new().and(Method);
+/// # let _ = per_client_method;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Method;
+
+impl KeyExtractor for Method {
+    fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
+        Ok(Some(Key::new(parts.method.as_str())))
+    }
+}
+
+/// Keys by the URI path, without the query.
+///
+/// The path is chosen by the client: alone, it lets a client spread requests
+/// over endlessly many keys (`/a`, `/a/`, `/a/.`, …) and lets one client
+/// exhaust a path for everyone. Combine it with a client key
+/// (`ClientIp::new().and(Path)`), and prefer `MatchedRoute` (feature `axum`),
+/// whose route templates are a fixed set.
+///
+/// ```
+/// use tower_ratelimit::key::{ClientIp, KeyExtractorExt, Path};
+/// let per_client_path = ClientIp::new().and(Path);
+/// # let _ = per_client_path;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Path;
+
+impl KeyExtractor for Path {
+    fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
+        Ok(Some(Key::new(parts.uri.path())))
+    }
+}
+
+/// Keys by axum's matched route template (`/users/{id}`), from its `MatchedPath` extension.
+///
+/// axum records the route only for middleware inside the router: add the rate
+/// limiter with `Router::layer` or `Router::route_layer`. Around the whole
+/// router (or for a request no route matched) there is none, which is a
+/// [`KeyError`].
+///
+/// ```
+/// use tower_ratelimit::key::{ClientIp, KeyExtractorExt, MatchedRoute};
+/// let per_client_route = ClientIp::new().and(MatchedRoute);
+/// # let _ = per_client_route;
+/// ```
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MatchedRoute;
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for MatchedRoute {
+    fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
+        match parts.extensions.get::<axum::extract::MatchedPath>() {
+            Some(path) => Ok(Some(Key::new(path.as_str()))),
+            None => Err(KeyError::new(
+                "matched_route",
+                "no axum `MatchedPath` in the request extensions: add the rate limiter with \
+                 `Router::layer` or `Router::route_layer`, not around the whole router",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::test_util::request;
+
+    #[test]
+    fn method_key_is_the_method_name() {
+        let post = request().method("POST").parts();
+        assert_eq!(Method.extract(&post), Ok(Some(Key::new("POST"))));
+        let get = request().method("GET").parts();
+        assert_ne!(Method.extract(&get), Method.extract(&post));
+    }
+
+    #[test]
+    fn path_key_is_the_path_without_query() {
+        let parts = request().uri("http://h/a/b?x=1").parts();
+        assert_eq!(Path.extract(&parts), Ok(Some(Key::new("/a/b"))));
+    }
+
+    #[test]
+    fn path_of_60_kib_gives_a_bounded_key() {
+        // http caps a URI just below 64 KiB.
+        let long = format!("/{}", "a".repeat(60 * 1024));
+        let parts = request().uri(&long).parts();
+        let key = Path.extract(&parts).unwrap().unwrap();
+        assert_eq!(key, Key::new(&long));
+        assert!(key.as_bytes().len() <= 48);
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn matched_route_missing_is_an_error_naming_matched_route() {
+        let err = MatchedRoute.extract(&request().parts()).unwrap_err();
+        assert_eq!(err.extractor(), "matched_route");
+        assert!(err.reason().contains("route_layer"));
+    }
+
+    #[cfg(feature = "axum")]
+    #[tokio::test]
+    async fn matched_route_key_is_the_route_template() {
+        use axum::extract::Request;
+        use axum::middleware::{from_fn, Next};
+        use axum::routing::get;
+        use axum::Router;
+        use std::sync::{Arc, Mutex};
+        use tower::ServiceExt;
+
+        // MatchedPath cannot be built outside axum: route a request to get one.
+        let seen = Arc::new(Mutex::new(None));
+        let record = seen.clone();
+        let app: Router = Router::new()
+            .route("/users/{id}", get(|| async {}))
+            .layer(from_fn(move |req: Request, next: Next| {
+                let (parts, body) = req.into_parts();
+                *record.lock().unwrap() = Some(MatchedRoute.extract(&parts));
+                next.run(Request::from_parts(parts, body))
+            }));
+        let req = Request::get("/users/42")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        app.oneshot(req).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen, Some(Ok(Some(Key::new("/users/{id}")))));
+    }
+}

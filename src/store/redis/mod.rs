@@ -1,0 +1,476 @@
+//! The Redis store: limits shared by every instance that talks to the same Redis.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::num::NonZeroU32;
+//! use tower_ratelimit::{store::RedisStore, Quota, RateLimitLayer};
+//! let store = RedisStore::builder("redis://127.0.0.1:6379")
+//!     .replica("redis://127.0.0.1:6380")
+//!     .build()?;
+//! let layer = RateLimitLayer::builder()
+//!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+//!     .store(store)
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+//!
+//! Each charge is one `EVALSHA` of `lua/fixed_window.lua`, which reads, decides
+//! and writes atomically and returns the state the decision was made on; the
+//! headers are built from that reply only. A refund is one more script call,
+//! run in the background. All of a client's state is one hash under one key,
+//! so every call touches one hash slot.
+
+mod connection;
+mod keys;
+mod scripts;
+
+use self::connection::{breaks_connection, redis_error, Lanes, Vet};
+use crate::algorithm::{self, fixed_window, State};
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::quota::Policy;
+use crate::store::{Charge, Refund, Store, StoreFuture};
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::{self, AsyncConnectionConfig, FromRedisValue, ScriptInvocation};
+use deadpool_redis::{Manager, Pool, Runtime};
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Whose clock decides when windows start and end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TimeSource {
+    /// The layer's [`Clock`](crate::clock::Clock), passed to each script (the
+    /// default). Instances must keep their clocks in sync (NTP); tests can move time.
+    #[default]
+    Application,
+    /// Redis `TIME`, read inside each script: one clock for the whole fleet,
+    /// whatever the instances' clocks say. The layer's clock is then ignored
+    /// by the store, so tests can no longer move time.
+    Redis,
+}
+
+/// What to do when Redis may evict limiter keys (`maxmemory-policy` is not `noeviction`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EvictionCheck {
+    /// Log a warning when a connection is made (the default). Evicted state
+    /// reads as a fresh window: clients get a new quota early.
+    #[default]
+    Warn,
+    /// Refuse to use the connection: every call fails (per the layer's failure
+    /// policy) until Redis is configured with `noeviction`.
+    Refuse,
+}
+
+/// The Redis store. Clones share connections.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    primary: Lanes,
+    replicas: Vec<Lanes>,
+    next_replica: AtomicUsize,
+    prefix: String,
+    time: TimeSource,
+}
+
+/// Configures a [`RedisStore`]. Nothing connects until the first request, so a
+/// service starts even when Redis is down.
+#[must_use]
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    url: String,
+    replicas: Vec<String>,
+    prefix: String,
+    connections: usize,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    pool_wait_timeout: Duration,
+    time: TimeSource,
+    eviction: EvictionCheck,
+}
+
+impl RedisStoreBuilder {
+    /// Adds a replica that serves [`Store::status`] reads (repeatable). Replicas
+    /// lag and do not expire keys themselves; stale windows are discarded.
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::builder("redis://10.0.0.1").replica("redis://10.0.0.2").build();
+    /// ```
+    pub fn replica(mut self, url: impl Into<String>) -> Self {
+        self.replicas.push(url.into());
+        self
+    }
+
+    /// Prefix of every key (default `"trl:"`); no braces, spaces or newlines.
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// assert!(RedisStore::builder("redis://127.0.0.1").prefix("{x").build().is_err());
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Multiplexed connections to the primary (default 2). Each carries many
+    /// concurrent calls, pipelined.
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::builder("redis://127.0.0.1").connections(4).build();
+    /// ```
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n.max(1);
+        self
+    }
+
+    /// Time allowed to open a connection (default 1 s).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::builder("redis://127.0.0.1").connect_timeout(Duration::from_millis(200)).build();
+    /// ```
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Time allowed for one reply on a connection (default 1 s); a connection
+    /// that misses it is replaced. Each request is also bounded by the layer's
+    /// store timeout, whichever is shorter.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::builder("redis://127.0.0.1").response_timeout(Duration::from_millis(500)).build();
+    /// ```
+    pub fn response_timeout(mut self, t: Duration) -> Self {
+        self.response_timeout = t;
+        self
+    }
+
+    /// Time to wait for the pool to hand out a new connection (default 1 s).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::builder("redis://127.0.0.1").pool_wait_timeout(Duration::from_millis(100)).build();
+    /// ```
+    pub fn pool_wait_timeout(mut self, t: Duration) -> Self {
+        self.pool_wait_timeout = t;
+        self
+    }
+
+    /// Whose clock decides windows (default [`TimeSource::Application`]).
+    ///
+    /// ```
+    /// use tower_ratelimit::store::{RedisStore, TimeSource};
+    /// let store = RedisStore::builder("redis://127.0.0.1").time_source(TimeSource::Redis).build();
+    /// ```
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// What to do when Redis may evict limiter keys (default [`EvictionCheck::Warn`]).
+    ///
+    /// ```
+    /// use tower_ratelimit::store::{EvictionCheck, RedisStore};
+    /// let store = RedisStore::builder("redis://127.0.0.1").eviction_check(EvictionCheck::Refuse).build();
+    /// ```
+    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.eviction = check;
+        self
+    }
+
+    /// Checks the configuration and builds the store without connecting.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        if self.prefix.is_empty()
+            || self.prefix.len() > 64
+            || !self.prefix.bytes().all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+        {
+            return Err(ConfigError::new(format!(
+                "redis key prefix {:?} must be 1 to 64 printable characters without braces",
+                self.prefix
+            )));
+        }
+        for t in [self.connect_timeout, self.response_timeout, self.pool_wait_timeout] {
+            if t.is_zero() {
+                return Err(ConfigError::new("redis timeouts must be above zero"));
+            }
+        }
+        let vet = vet(self.eviction);
+        let primary = Lanes::new(self.pool(&self.url)?, self.connections, Some(vet));
+        let replicas = self
+            .replicas
+            .iter()
+            .map(|u| Ok(Lanes::new(self.pool(u)?, 1, None)))
+            .collect::<Result<_, ConfigError>>()?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                primary,
+                replicas,
+                next_replica: AtomicUsize::new(0),
+                prefix: self.prefix,
+                time: self.time,
+            }),
+        })
+    }
+
+    fn pool(&self, url: &str) -> Result<Pool, ConfigError> {
+        let conn = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout));
+        let manager = Manager::new_with_config(url, conn)
+            .map_err(|e| ConfigError::new(format!("invalid redis url {url:?}: {e}")))?;
+        Pool::builder(manager)
+            .max_size(self.connections.max(1))
+            .wait_timeout(Some(self.pool_wait_timeout))
+            .create_timeout(Some(self.connect_timeout))
+            .recycle_timeout(Some(self.response_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| ConfigError::new(format!("redis pool: {e}")))
+    }
+}
+
+/// Checks `maxmemory-policy` on every new primary connection.
+fn vet(check: EvictionCheck) -> Arc<Vet> {
+    Arc::new(move |mut conn: MultiplexedConnection| {
+        Box::pin(async move {
+            let policy = match eviction_policy(&mut conn).await {
+                Ok(p) => p,
+                Err(e) => {
+                    // Managed Redis often disables CONFIG: nothing to check then.
+                    tracing::debug!(error = %e, "could not read maxmemory-policy");
+                    return Ok(());
+                }
+            };
+            if policy == "noeviction" {
+                return Ok(());
+            }
+            let msg = format!(
+                "redis maxmemory-policy is `{policy}`: Redis may evict live rate-limit keys \
+                 (they all carry a TTL, so volatile-* policies evict them too), handing clients \
+                 fresh windows; configure `maxmemory-policy noeviction` for the limiter's Redis"
+            );
+            match check {
+                EvictionCheck::Warn => {
+                    tracing::warn!("{msg}");
+                    Ok(())
+                }
+                EvictionCheck::Refuse => {
+                    tracing::error!("{msg}; refusing to use it");
+                    Err(StoreError::Unavailable(msg))
+                }
+            }
+        })
+    })
+}
+
+async fn eviction_policy(conn: &mut MultiplexedConnection) -> Result<String, StoreError> {
+    let v: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await
+        .map_err(redis_error)?;
+    v.get(1)
+        .cloned()
+        .ok_or_else(|| StoreError::Protocol("CONFIG GET maxmemory-policy returned nothing".into()))
+}
+
+impl RedisStore {
+    /// A store for the Redis at `url` with default settings (no connection yet).
+    pub fn new(url: impl Into<String>) -> Result<Self, ConfigError> {
+        Self::builder(url).build()
+    }
+
+    /// Configures a store for the primary at `url` (`redis://[user:pass@]host:port[/db]`).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.into(),
+            replicas: Vec::new(),
+            prefix: "trl:".into(),
+            connections: 2,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            pool_wait_timeout: Duration::from_secs(1),
+            time: TimeSource::Application,
+            eviction: EvictionCheck::Warn,
+        }
+    }
+
+    /// Connects now and returns the primary's `maxmemory-policy` (for start-up
+    /// checks and health endpoints). Not needed: the store connects lazily.
+    pub async fn eviction_policy(&self) -> Result<String, StoreError> {
+        let (i, mut conn) = self.inner.primary.get().await?;
+        eviction_policy(&mut conn).await.inspect_err(|_| self.inner.primary.discard(i))
+    }
+
+    /// The Redis key holding `key`'s state for the limiter `namespace`.
+    pub fn redis_key(&self, namespace: &crate::store::Namespace, key: &crate::key::Key) -> String {
+        keys::redis_key(&self.inner.prefix, namespace, key)
+    }
+
+    fn now_arg(&self, now_ms: u64) -> (String, Option<u64>) {
+        match self.inner.time {
+            TimeSource::Application => (now_ms.to_string(), Some(now_ms)),
+            TimeSource::Redis => (String::new(), None),
+        }
+    }
+}
+
+/// Runs one script call on `lanes` within `budget`.
+async fn invoke<T: FromRedisValue>(lanes: &Lanes, inv: &ScriptInvocation<'static>, budget: Duration) -> Result<T, StoreError> {
+    let call = async {
+        let (i, mut conn) = lanes.get().await?;
+        // `invoke_async` re-sends only after NOSCRIPT, when nothing ran; an
+        // error after the script may have run is returned, never retried.
+        inv.invoke_async(&mut conn).await.map_err(|e| {
+            if breaks_connection(&e) {
+                lanes.discard(i);
+            }
+            redis_error(e)
+        })
+    };
+    match tokio::time::timeout(budget, call).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout(budget)),
+    }
+}
+
+fn slot_field(q: &crate::quota::Quota) -> String {
+    q.slot()
+}
+
+/// Builds the decision from the script's reply: the state it read, replayed
+/// through the same pure math the memory store uses.
+fn decode(policy: &Policy, cost: u64, sent_now: Option<u64>, reply: &[i64]) -> Result<Decision, StoreError> {
+    let n = policy.quotas().len();
+    if reply.len() != 2 + 2 * n || reply.iter().any(|v| *v < 0) {
+        return Err(StoreError::Protocol(format!("charge script returned {reply:?}")));
+    }
+    let now = reply[1] as u64;
+    if sent_now.is_some_and(|t| t != now) {
+        // Every reply echoes the time it was sent with: a reply to another call
+        // (a desynchronised connection) is caught, never used.
+        return Err(StoreError::Protocol(format!(
+            "reply for time {now} does not belong to a call sent at {sent_now:?}"
+        )));
+    }
+    let statuses = policy.quotas().iter().enumerate().map(|(i, q)| {
+        let read = fixed_window::State {
+            count: reply[2 + 2 * i] as u64,
+            reset_ms: reply[3 + 2 * i] as u64,
+        };
+        algorithm::charge(q, Some(&State::FixedWindow(read)), now, cost).0
+    });
+    let decision = Decision::from_statuses(statuses, cost);
+    if decision.is_allowed() != (reply[0] == 1) {
+        return Err(StoreError::Protocol(format!(
+            "charge script decided {} but the state it returned says otherwise: {reply:?}",
+            reply[0]
+        )));
+    }
+    Ok(decision)
+}
+
+impl Store for RedisStore {
+    fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        let (now, sent_now) = self.now_arg(call.now_ms);
+        let mut inv = scripts::FIXED_WINDOW.prepare_invoke();
+        inv.key(self.redis_key(call.namespace, call.key))
+            .arg(now)
+            .arg(call.cost)
+            .arg(call.policy.quotas().len());
+        for q in call.policy.quotas() {
+            inv.arg(slot_field(q)).arg(q.limit()).arg(q.window_ms());
+        }
+        let inner = self.inner.clone();
+        let policy = call.policy.clone();
+        let (cost, budget) = (call.cost, call.timeout);
+        StoreFuture::pending(async move {
+            let reply: Vec<i64> = invoke(&inner.primary, &inv, budget).await?;
+            decode(&policy, cost, sent_now, &reply)
+        })
+    }
+
+    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
+        let c = &call.charge;
+        let (now, _) = self.now_arg(c.now_ms);
+        let mut inv = scripts::REFUND_FIXED_WINDOW.prepare_invoke();
+        inv.key(self.redis_key(c.namespace, c.key))
+            .arg(now)
+            .arg(c.cost)
+            .arg(c.policy.quotas().len());
+        for (q, s) in c.policy.quotas().iter().zip(call.decision.statuses()) {
+            inv.arg(slot_field(q)).arg(s.window_id);
+        }
+        let inner = self.inner.clone();
+        let budget = c.timeout;
+        StoreFuture::pending(async move {
+            let _refunded: i64 = invoke(&inner.primary, &inv, budget).await?;
+            Ok(())
+        })
+    }
+
+    fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        let key = self.redis_key(call.namespace, call.key);
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(&key);
+        for q in call.policy.quotas() {
+            let f = slot_field(q);
+            cmd.arg(format!("{f}c")).arg(format!("{f}r"));
+        }
+        let inner = self.inner.clone();
+        let policy = call.policy.clone();
+        let (now, budget) = (call.now_ms, call.timeout);
+        StoreFuture::pending(async move {
+            let read = async {
+                let lanes = match inner.replicas.len() {
+                    0 => &inner.primary,
+                    n => &inner.replicas[inner.next_replica.fetch_add(1, Ordering::Relaxed) % n],
+                };
+                let (i, mut conn) = lanes.get().await?;
+                cmd.query_async::<Vec<Option<u64>>>(&mut conn).await.map_err(|e| {
+                    if breaks_connection(&e) {
+                        lanes.discard(i);
+                    }
+                    redis_error(e)
+                })
+            };
+            let vals = tokio::time::timeout(budget, read)
+                .await
+                .map_err(|_| StoreError::Timeout(budget))??;
+            if vals.len() != 2 * policy.quotas().len() {
+                return Err(StoreError::Protocol(format!("HMGET returned {} values", vals.len())));
+            }
+            let statuses = policy.quotas().iter().enumerate().map(|(i, q)| {
+                let state = match (vals[2 * i], vals[2 * i + 1]) {
+                    (Some(count), Some(reset_ms)) => Some(State::FixedWindow(fixed_window::State { count, reset_ms })),
+                    _ => None,
+                };
+                // A replica may hold a window whose reset has passed: the math discards it.
+                algorithm::peek(q, state.as_ref(), now)
+            });
+            Ok(Decision::from_statuses(statuses, 0))
+        })
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("replicas", &self.inner.replicas.len())
+            .field("time", &self.inner.time)
+            .finish_non_exhaustive()
+    }
+}

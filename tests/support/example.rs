@@ -1,0 +1,91 @@
+//! Runs a built example binary (`target/<profile>/examples/NAME`) as a black box.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The path of a built example, building it if `cargo test` has not.
+pub fn example_path(name: &str) -> PathBuf {
+    // Integration tests live in target/<profile>/deps/.
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let path = profile_dir.join("examples").join(name);
+    if !path.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--all-features", "--example", name])
+            .status()
+            .unwrap();
+        assert!(status.success(), "building example {name} failed");
+    }
+    path
+}
+
+/// A running example server, killed on drop if still running.
+pub struct Running {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub stdout_rest: std::sync::mpsc::Receiver<String>,
+}
+
+impl Running {
+    /// Starts `name` with `args` and waits for its one `listening on ADDR` line.
+    pub fn start(name: &str, args: &[&str]) -> Running {
+        let mut child = Command::new(example_path(name))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{name} printed no line within 60 s"));
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .unwrap();
+        Running {
+            child,
+            addr,
+            stdout_rest: rx,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "did not exit within 20 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
