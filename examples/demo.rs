@@ -6,18 +6,22 @@
 //! ```
 //!
 //! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
-//! `GET /status/{code}` → that status. Prints one line `listening on ADDR` once
+//! `GET /status/{code}` → that status; `GET /rate_limit` → the caller's state
+//! as JSON (`limit`, `remaining`, `reset`, `used`), not counted. Prints one line `listening on ADDR` once
 //! it accepts connections, and exits cleanly on SIGTERM or Ctrl-C.
 
 #[path = "common/mod.rs"]
 mod common;
 
-use axum::{extract::Path, http::StatusCode, routing::get, Router};
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::{http::StatusCode, routing::get, Router};
 use clap::{Parser, ValueEnum};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tower_ratelimit::key::{ClientIp, Header, Key, KeyExtractor};
+use tower_ratelimit::store::RedisStore;
 use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
 
 #[derive(Parser, Debug)]
@@ -29,6 +33,12 @@ struct Args {
     /// Where limiter state lives; `none` runs without a limiter (a baseline).
     #[arg(long, value_enum, default_value_t = StoreKind::Memory)]
     store: StoreKind,
+    /// The Redis primary (with `--store redis`).
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// A Redis replica serving `GET /rate_limit` reads (repeatable).
+    #[arg(long)]
+    replica_url: Vec<String>,
     /// Requests allowed per window.
     #[arg(long, default_value_t = 10)]
     limit: u64,
@@ -46,6 +56,7 @@ struct Args {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum StoreKind {
     Memory,
+    Redis,
     None,
 }
 
@@ -70,7 +81,8 @@ fn parse_key(s: &str) -> Result<KeyKind, String> {
         "global" => Ok(KeyKind::Global),
         _ => match s.strip_prefix("header:") {
             Some(name) if !name.is_empty() => {
-                http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("`{name}` is not a valid header name"))?;
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("`{name}` is not a valid header name"))?;
                 Ok(KeyKind::Header(name.to_owned()))
             }
             _ => Err(format!("unknown key `{s}`: use ip, global or header:NAME")),
@@ -90,6 +102,26 @@ async fn status(Path(code): Path<u16>) -> Result<StatusCode, (StatusCode, &'stat
     StatusCode::from_u16(code).map_err(|_| (StatusCode::BAD_REQUEST, "not a status code\n"))
 }
 
+/// GitHub-style `GET /rate_limit`: the caller's state, read without charging.
+async fn rate_limit(State(layer): State<RateLimitLayer>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    match layer.status(&parts).await {
+        Ok(Some(s)) => {
+            let q = s.decision.binding_status().copied().unwrap_or_default();
+            let body = format!(
+                r#"{{"limit":{},"remaining":{},"reset":{},"used":{}}}"#,
+                q.limit,
+                q.remaining,
+                q.reset_ms.div_ceil(1000),
+                q.used()
+            );
+            ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Ok(None) => (StatusCode::OK, "{\"exempt\":true}").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -103,8 +135,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
         .route("/status/{code}", get(status));
 
-    if let StoreKind::Memory = args.store {
-        let layer = RateLimitLayer::builder()
+    if !matches!(args.store, StoreKind::None) {
+        let mut builder = RateLimitLayer::builder()
             .quota(Quota::new(args.limit, args.window)?)
             .key(key_extractor(&args.key)?)
             .headers(match args.headers {
@@ -112,9 +144,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Headers::Ietf => HeaderStyle::Ietf,
                 Headers::Both => HeaderStyle::Both,
                 Headers::None => HeaderStyle::None,
-            })
-            .build()?;
-        app = app.layer(layer);
+            });
+        if let StoreKind::Redis = args.store {
+            let mut store = RedisStore::builder(&args.redis_url);
+            for r in &args.replica_url {
+                store = store.replica(r);
+            }
+            builder = builder.store(store.build()?);
+        }
+        let layer = builder.build()?;
+        // Added after `.layer`, so the status route itself is never counted.
+        app = app
+            .layer(layer.clone())
+            .route("/rate_limit", get(rate_limit).with_state(layer));
     }
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
@@ -123,8 +165,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     writeln!(out, "listening on {}", listener.local_addr()?)?;
     out.flush()?;
     drop(out);
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(common::shutdown_signal())
-        .await?;
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(common::shutdown_signal())
+    .await?;
     Ok(())
 }

@@ -26,6 +26,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("listening on http://{}", listener.local_addr()?);
     println!("try: for i in $(seq 7); do curl -si http://127.0.0.1:3000/ | head -1; done");
     // The peer address is what `PeerIp` keys by.
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 /// The state of one quota after a decision, as the headers report it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuotaStatus {
     /// The quota's limit (units per window).
     pub limit: u64,

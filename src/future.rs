@@ -134,7 +134,11 @@ where
         // The ready service goes with this request; `self.inner` gets a fresh clone.
         let clone = service.clone();
         let service = std::mem::replace(service, clone);
-        self.waiting = Some(Waiting { service, parts, body });
+        self.waiting = Some(Waiting {
+            service,
+            parts,
+            body,
+        });
     }
 
     fn forward_now(mut self, service: &mut S, parts: Parts, body: B) -> Self {
@@ -151,24 +155,29 @@ where
 }
 
 /// For `key_async`: resolves the policy once the key is known.
-fn resolve_later(limiter: &Arc<Limiter>, parts: &Parts) -> impl FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> {
-    let ready = |p: Policy| -> BoxFuture<Result<Policy, KeyError>> { Box::pin(std::future::ready(Ok(p))) };
-    let source: Box<dyn FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> + Send> = match &limiter.policy {
-        PolicySource::Static(p) => {
-            let p = p.clone();
-            Box::new(move |_| ready(p))
-        }
-        PolicySource::Sync(f) => {
-            let f = f.clone();
-            let head = crate::layer::clone_head(parts);
-            Box::new(move |k| ready(f(&head, &k)))
-        }
-        PolicySource::Async(f) => {
-            let f = f.clone();
-            let head = crate::layer::clone_head(parts);
-            Box::new(move |k| f(&head, k))
-        }
-    };
+fn resolve_later(
+    limiter: &Arc<Limiter>,
+    parts: &Parts,
+) -> impl FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> {
+    let ready =
+        |p: Policy| -> BoxFuture<Result<Policy, KeyError>> { Box::pin(std::future::ready(Ok(p))) };
+    let source: Box<dyn FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> + Send> =
+        match &limiter.policy {
+            PolicySource::Static(p) => {
+                let p = p.clone();
+                Box::new(move |_| ready(p))
+            }
+            PolicySource::Sync(f) => {
+                let f = f.clone();
+                let head = crate::layer::clone_head(parts);
+                Box::new(move |k| ready(f(&head, &k)))
+            }
+            PolicySource::Async(f) => {
+                let f = f.clone();
+                let head = crate::layer::clone_head(parts);
+                Box::new(move |k| f(&head, k))
+            }
+        };
     source
 }
 
@@ -195,7 +204,11 @@ where
                             this.state.set(State::Charging { fut });
                         }
                         Ok(None) => {
-                            let Waiting { mut service, parts, body } = waiting;
+                            let Waiting {
+                                mut service,
+                                parts,
+                                body,
+                            } = waiting;
                             let fut = service.call(Request::from_parts(parts, body));
                             this.state.set(State::Inner { fut });
                         }
@@ -207,12 +220,16 @@ where
                 }
                 StateProj::Charging { fut } => {
                     let result = ready!(Pin::new(fut).poll(cx));
-                    let (key, policy, cost, now) = this.resolved.take().expect("charge inputs kept");
+                    let (key, policy, cost, now) =
+                        this.resolved.take().expect("charge inputs kept");
                     match this.limiter.verdict(key, policy, cost, now, result) {
                         Verdict::Forward(charged) => {
                             *this.charged = charged;
-                            let Waiting { mut service, parts, body } =
-                                this.waiting.take().expect("request kept while charging");
+                            let Waiting {
+                                mut service,
+                                parts,
+                                body,
+                            } = this.waiting.take().expect("request kept while charging");
                             let fut = service.call(Request::from_parts(parts, body));
                             this.state.set(State::Inner { fut });
                         }

@@ -56,7 +56,13 @@ pub(crate) fn ceil_secs(ms: u64) -> u64 {
 }
 
 /// Writes the headers for `decision` (from one store read) at `now_ms`.
-pub(crate) fn apply(style: HeaderStyle, policy: &Policy, decision: &Decision, now_ms: u64, headers: &mut HeaderMap) {
+pub(crate) fn apply(
+    style: HeaderStyle,
+    policy: &Policy,
+    decision: &Decision,
+    now_ms: u64,
+    headers: &mut HeaderMap,
+) {
     if let Some(s) = decision.binding_status() {
         if style.github() {
             github(s, headers);
@@ -75,9 +81,15 @@ pub(crate) fn apply(style: HeaderStyle, policy: &Policy, decision: &Decision, no
 
 fn github(s: &QuotaStatus, headers: &mut HeaderMap) {
     headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(s.limit));
-    headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(s.remaining));
+    headers.insert(
+        X_RATELIMIT_REMAINING.clone(),
+        HeaderValue::from(s.remaining),
+    );
     // Rounded up: the stored reset (ms) maps to one value for the whole window.
-    headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(ceil_secs(s.reset_ms)));
+    headers.insert(
+        X_RATELIMIT_RESET.clone(),
+        HeaderValue::from(ceil_secs(s.reset_ms)),
+    );
     headers.insert(X_RATELIMIT_USED.clone(), HeaderValue::from(s.used()));
 }
 
@@ -92,7 +104,12 @@ fn ietf(policy: &Policy, statuses: &[QuotaStatus], now_ms: u64, headers: &mut He
         let _ = write!(pol, ";q={};w={}", s.limit, ceil_secs(q.window_ms()));
         let _ = write!(rl, "{sep}");
         write_sf_string(&mut rl, &name);
-        let _ = write!(rl, ";r={};t={}", s.remaining, ceil_secs(s.reset_ms.saturating_sub(now_ms)));
+        let _ = write!(
+            rl,
+            ";r={};t={}",
+            s.remaining,
+            ceil_secs(s.reset_ms.saturating_sub(now_ms))
+        );
     }
     if let Ok(v) = HeaderValue::from_str(&pol) {
         headers.insert(RATELIMIT_POLICY.clone(), v);
@@ -139,12 +156,25 @@ mod tests {
     #[test]
     fn ietf_lists_every_policy_by_name_in_structured_field_syntax() {
         let policy = Policy::new(Quota::new(10, Duration::from_secs(1)).unwrap())
-            .and(Quota::new(1000, Duration::from_secs(3600)).unwrap().named("hour\"ly"))
+            .and(
+                Quota::new(1000, Duration::from_secs(3600))
+                    .unwrap()
+                    .named("hour\"ly"),
+            )
             .unwrap();
-        let d = Decision::from_statuses([status(10, 4, 1_500, true, 0), status(1000, 990, 3_000_000, true, 0)], 1);
+        let d = Decision::from_statuses(
+            [
+                status(10, 4, 1_500, true, 0),
+                status(1000, 990, 3_000_000, true, 0),
+            ],
+            1,
+        );
         let mut h = HeaderMap::new();
         apply(HeaderStyle::Ietf, &policy, &d, 1_000, &mut h);
-        assert_eq!(h[&RATELIMIT_POLICY], r#""1s";q=10;w=1, "hour\"ly";q=1000;w=3600"#);
+        assert_eq!(
+            h[&RATELIMIT_POLICY],
+            r#""1s";q=10;w=1, "hour\"ly";q=1000;w=3600"#
+        );
         assert_eq!(h[&RATELIMIT], r#""1s";r=4;t=1, "hour\"ly";r=990;t=2999"#);
         assert!(h.get(&X_RATELIMIT_LIMIT).is_none());
     }
@@ -154,7 +184,13 @@ mod tests {
         let policy = Policy::new(Quota::new(10, Duration::from_secs(1)).unwrap())
             .and(Quota::new(1000, Duration::from_secs(3600)).unwrap())
             .unwrap();
-        let d = Decision::from_statuses([status(10, 3, 2_000, true, 0), status(1000, 0, 3_601_000, false, 3_599_500)], 1);
+        let d = Decision::from_statuses(
+            [
+                status(10, 3, 2_000, true, 0),
+                status(1000, 0, 3_601_000, false, 3_599_500),
+            ],
+            1,
+        );
         let mut h = HeaderMap::new();
         apply(HeaderStyle::GitHub, &policy, &d, 1_500, &mut h);
         assert_eq!(h[&X_RATELIMIT_LIMIT], "1000");

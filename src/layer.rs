@@ -73,7 +73,10 @@ impl RateLimitLayer {
     /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
     /// # }
     /// ```
-    pub fn status(&self, parts: &Parts) -> impl Future<Output = Result<Option<Status>, StatusError>> + Send + 'static {
+    pub fn status(
+        &self,
+        parts: &Parts,
+    ) -> impl Future<Output = Result<Option<Status>, StatusError>> + Send + 'static {
         let limiter = self.limiter.clone();
         let now_ms = limiter.clock.now_ms();
         let key = match &limiter.key {
@@ -93,7 +96,8 @@ impl RateLimitLayer {
             _ => None,
         };
         // Resolve what needs the request head now; the future owns the rest.
-        let parts_for_policy = (policy_fn.is_some() || policy_async.is_some()).then(|| clone_head(parts));
+        let parts_for_policy =
+            (policy_fn.is_some() || policy_async.is_some()).then(|| clone_head(parts));
         async move {
             let key = match key {
                 Ok(k) => k,
@@ -120,7 +124,11 @@ impl RateLimitLayer {
                 })
                 .await
                 .map_err(StatusError::Store)?;
-            Ok(Some(Status { policy, decision, now_ms }))
+            Ok(Some(Status {
+                policy,
+                decision,
+                now_ms,
+            }))
         }
     }
 }
@@ -134,7 +142,10 @@ pub(crate) fn clone_head(parts: &Parts) -> Parts {
     if let Some(h) = b.headers_mut() {
         *h = parts.headers.clone();
     }
-    let (mut p, ()) = b.body(()).map(|r| r.into_parts()).unwrap_or_else(|_| http::Request::new(()).into_parts());
+    let (mut p, ()) = b
+        .body(())
+        .map(|r| r.into_parts())
+        .unwrap_or_else(|_| http::Request::new(()).into_parts());
     p.extensions = parts.extensions.clone();
     p
 }
@@ -311,7 +322,9 @@ impl RateLimitLayerBuilder {
         F: Fn(&Parts, Key) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Policy, KeyError>> + Send + 'static,
     {
-        self.policy = Some(Ok(PolicySource::Async(Arc::new(move |p: &Parts, k: Key| Box::pin(f(p, k)) as _))));
+        self.policy = Some(Ok(PolicySource::Async(Arc::new(
+            move |p: &Parts, k: Key| Box::pin(f(p, k)) as _,
+        ))));
         self
     }
 
@@ -350,7 +363,9 @@ impl RateLimitLayerBuilder {
         F: Fn(&Parts) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<Key>, KeyError>> + Send + 'static,
     {
-        self.key = Some(KeySource::Async(Arc::new(move |p: &Parts| Box::pin(f(p)) as _)));
+        self.key = Some(KeySource::Async(Arc::new(move |p: &Parts| {
+            Box::pin(f(p)) as _
+        })));
         self
     }
 
@@ -524,16 +539,21 @@ impl RateLimitLayerBuilder {
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let name_ok = !self.name.is_empty()
             && self.name.len() <= 64
-            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
         if !name_ok {
             return Err(ConfigError::new(format!(
                 "limiter name {:?} must be 1 to 64 characters of [A-Za-z0-9_.-]",
                 self.name
             )));
         }
-        let policy = self
-            .policy
-            .ok_or_else(|| ConfigError::new("no quota configured: call .quota(), .policy(), .policy_fn() or .policy_async()"))??;
+        let policy = self.policy.ok_or_else(|| {
+            ConfigError::new(
+                "no quota configured: call .quota(), .policy(), .policy_fn() or .policy_async()",
+            )
+        })??;
         if self.store_timeout.is_zero() {
             return Err(ConfigError::new("the store timeout must be above zero"));
         }

@@ -38,8 +38,15 @@ pub use decision::{Decision, QuotaStatus, RejectReason};
 pub use error::{ConfigError, StoreError};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
-pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Status, StatusError, DEFAULT_STORE_TIMEOUT};
+pub use layer::{
+    RateLimitLayer, RateLimitLayerBuilder, Status, StatusError, DEFAULT_STORE_TIMEOUT,
+};
 pub use limiter::OnStoreError;
 pub use quota::{Algorithm, Policy, Quota};
 pub use response::{default_key_error, default_rejection, Rejection};
 pub use service::RateLimit;
+
+// The README's examples are compiled and run as doc tests, so it stays true to the code.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -18,9 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-pub(crate) type AsyncKeyFn = dyn Fn(&Parts) -> BoxFuture<Result<Option<Key>, KeyError>> + Send + Sync;
+pub(crate) type AsyncKeyFn =
+    dyn Fn(&Parts) -> BoxFuture<Result<Option<Key>, KeyError>> + Send + Sync;
 pub(crate) type PolicyFn = dyn Fn(&Parts, &Key) -> Policy + Send + Sync;
-pub(crate) type AsyncPolicyFn = dyn Fn(&Parts, Key) -> BoxFuture<Result<Policy, KeyError>> + Send + Sync;
+pub(crate) type AsyncPolicyFn =
+    dyn Fn(&Parts, Key) -> BoxFuture<Result<Policy, KeyError>> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 pub(crate) type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
@@ -88,7 +90,13 @@ impl Limiter {
         self.cost.as_ref().map_or(1, |f| f(parts))
     }
 
-    pub(crate) fn charge(&self, key: &Key, policy: &Policy, cost: u64, now_ms: u64) -> StoreFuture<Result<Decision, StoreError>> {
+    pub(crate) fn charge(
+        &self,
+        key: &Key,
+        policy: &Policy,
+        cost: u64,
+        now_ms: u64,
+    ) -> StoreFuture<Result<Decision, StoreError>> {
         self.store.charge(&Charge {
             namespace: &self.namespace,
             key,
@@ -101,7 +109,14 @@ impl Limiter {
 
     /// Turns a store answer into what happens next; the rejection is built from
     /// this one answer only.
-    pub(crate) fn verdict(&self, key: Key, policy: Policy, cost: u64, now_ms: u64, result: Result<Decision, StoreError>) -> Verdict {
+    pub(crate) fn verdict(
+        &self,
+        key: Key,
+        policy: Policy,
+        cost: u64,
+        now_ms: u64,
+        result: Result<Decision, StoreError>,
+    ) -> Verdict {
         match result {
             Ok(decision) if decision.is_allowed() => Verdict::Forward(Some(Charged {
                 key,
@@ -112,7 +127,11 @@ impl Limiter {
             })),
             Ok(decision) => {
                 let binding = decision.binding();
-                let name = policy.quotas().get(binding).map(|q| q.name()).unwrap_or_default();
+                let name = policy
+                    .quotas()
+                    .get(binding)
+                    .map(|q| q.name())
+                    .unwrap_or_default();
                 self.log.event(&self.log.rejected, || {
                     tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
                 });
@@ -125,10 +144,16 @@ impl Limiter {
             }
             Err(StoreError::Full { retry_at_ms, .. }) => {
                 self.log.event(&self.log.store_error, || {
-                    tracing::warn!(limiter = self.namespace.name(), "memory store is at its key cap; new keys are refused (503)");
+                    tracing::warn!(
+                        limiter = self.namespace.name(),
+                        "memory store is at its key cap; new keys are refused (503)"
+                    );
                 });
                 let wait = headers::ceil_secs(retry_at_ms.saturating_sub(now_ms));
-                Verdict::Answer(response::unavailable(wait, "the rate limiter is tracking its maximum number of clients"))
+                Verdict::Answer(response::unavailable(
+                    wait,
+                    "the rate limiter is tracking its maximum number of clients",
+                ))
             }
             Err(err) => {
                 self.log.event(&self.log.store_error, || {
@@ -136,7 +161,10 @@ impl Limiter {
                 });
                 match self.on_store_error {
                     OnStoreError::FailOpen => Verdict::Forward(None),
-                    OnStoreError::FailClosed => Verdict::Answer(response::unavailable(1, "the rate limiter cannot reach its store")),
+                    OnStoreError::FailClosed => Verdict::Answer(response::unavailable(
+                        1,
+                        "the rate limiter cannot reach its store",
+                    )),
                 }
             }
         }
@@ -158,7 +186,13 @@ impl Limiter {
                 *s = crate::algorithm::refunded_status(*s, charged.cost);
             }
         }
-        headers::apply(self.headers, &charged.policy, &charged.decision, charged.now_ms, headers);
+        headers::apply(
+            self.headers,
+            &charged.policy,
+            &charged.decision,
+            charged.now_ms,
+            headers,
+        );
     }
 
     fn spawn_refund(&self, c: &Charged) {
@@ -206,7 +240,11 @@ impl LogThrottle {
     pub(crate) fn event(&self, last: &AtomicU64, log: impl FnOnce()) {
         let now = crate::clock::SystemClock.now_ms_coarse();
         let prev = last.load(Ordering::Relaxed);
-        if now >= prev + 1_000 && last.compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        if now >= prev + 1_000
+            && last
+                .compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             log();
         }
     }

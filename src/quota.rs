@@ -159,11 +159,11 @@ impl Quota {
 /// Formats a window in the largest whole unit: `1h`, `90s`, `500ms`.
 pub(crate) fn format_window(ms: u64) -> String {
     let mut s = String::new();
-    let _ = if ms % 3_600_000 == 0 {
+    let _ = if ms.is_multiple_of(3_600_000) {
         write!(s, "{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         write!(s, "{}m", ms / 60_000)
-    } else if ms % 1_000 == 0 {
+    } else if ms.is_multiple_of(1_000) {
         write!(s, "{}s", ms / 1_000)
     } else {
         write!(s, "{ms}ms")

@@ -50,7 +50,9 @@ pub fn default_rejection(r: &Rejection<'_>) -> Response<Bytes> {
 /// misconfiguration named in the body.
 pub fn default_key_error(err: &KeyError) -> Response<Bytes> {
     let mut body = String::new();
-    body.push_str(r#"{"type":"about:blank","title":"Internal Server Error","status":500,"detail":"#);
+    body.push_str(
+        r#"{"type":"about:blank","title":"Internal Server Error","status":500,"detail":"#,
+    );
     write_json_string(&mut body, &err.to_string());
     body.push('}');
     problem(StatusCode::INTERNAL_SERVER_ERROR, body)
@@ -63,8 +65,10 @@ pub(crate) fn unavailable(retry_after_secs: u64, detail: &str) -> Response<Bytes
     write_json_string(&mut body, detail);
     body.push('}');
     let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, body);
-    res.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
+    res.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(retry_after_secs.max(1)),
+    );
     res
 }
 

@@ -1,8 +1,8 @@
 //! [`RateLimit`]: the service the layer produces.
 
+use crate::body::ResponseBody;
 use crate::future::ResponseFuture;
 use crate::limiter::Limiter;
-use crate::body::ResponseBody;
 use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;

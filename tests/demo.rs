@@ -14,7 +14,18 @@ use std::process::Command;
 async fn demo_serves_its_routes_limits_and_refunds_and_exits_cleanly_on_sigterm() {
     let demo = Running::start(
         "demo",
-        &["--listen", "127.0.0.1:0", "--limit", "2", "--window", "60s", "--key", "header:x-client", "--headers", "both"],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--limit",
+            "2",
+            "--window",
+            "60s",
+            "--key",
+            "header:x-client",
+            "--headers",
+            "both",
+        ],
     );
     let c = HttpClient::new();
     let a: &[(&str, &[u8])] = &[("x-client", b"a")];
@@ -24,7 +35,11 @@ async fn demo_serves_its_routes_limits_and_refunds_and_exits_cleanly_on_sigterm(
     assert_eq!(r.header("ratelimit-policy"), Some(r#""1m";q=2;w=60"#));
     let r = c.get_with(&demo.url("/not-modified"), a).await;
     assert_eq!(r.status, StatusCode::NOT_MODIFIED);
-    assert_eq!(r.header_u64("x-ratelimit-remaining"), 1, "a 304 is refunded");
+    assert_eq!(
+        r.header_u64("x-ratelimit-remaining"),
+        1,
+        "a 304 is refunded"
+    );
     let r = c.get_with(&demo.url("/status/418"), a).await;
     assert_eq!(r.status.as_u16(), 418);
     let r = c.get_with(&demo.url("/"), a).await;
@@ -33,15 +48,25 @@ async fn demo_serves_its_routes_limits_and_refunds_and_exits_cleanly_on_sigterm(
     let r = c.get_with(&demo.url("/"), &[("x-client", b"b")]).await;
     assert_eq!(r.status, StatusCode::OK, "another key has its own quota");
     let r = c.get(&demo.url("/")).await;
-    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "a missing key header is a clear error");
+    assert_eq!(
+        r.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "a missing key header is a clear error"
+    );
     assert!(r.body.contains("x-client"), "{}", r.body);
-    assert!(demo.stdout_rest.try_recv().is_err(), "exactly one line on stdout");
+    assert!(
+        demo.stdout_rest.try_recv().is_err(),
+        "exactly one line on stdout"
+    );
     assert!(demo.terminate().success());
 }
 
 #[tokio::test]
 async fn demo_with_store_none_is_an_unlimited_baseline() {
-    let demo = Running::start("demo", &["--listen", "127.0.0.1:0", "--store", "none", "--limit", "1"]);
+    let demo = Running::start(
+        "demo",
+        &["--listen", "127.0.0.1:0", "--store", "none", "--limit", "1"],
+    );
     let c = HttpClient::new();
     for _ in 0..5 {
         let r = c.get(&demo.url("/")).await;
@@ -54,31 +79,77 @@ async fn demo_with_store_none_is_an_unlimited_baseline() {
 #[tokio::test]
 async fn demo_keys_by_ip_and_global() {
     for key in ["ip", "global"] {
-        let demo = Running::start("demo", &["--listen", "127.0.0.1:0", "--limit", "1", "--window", "1h", "--key", key]);
+        let demo = Running::start(
+            "demo",
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--limit",
+                "1",
+                "--window",
+                "1h",
+                "--key",
+                key,
+            ],
+        );
         let c = HttpClient::new();
-        assert_eq!(c.get(&demo.url("/")).await.status, StatusCode::OK, "key {key}");
-        assert_eq!(c.get(&demo.url("/")).await.status, StatusCode::TOO_MANY_REQUESTS, "key {key}");
+        assert_eq!(
+            c.get(&demo.url("/")).await.status,
+            StatusCode::OK,
+            "key {key}"
+        );
+        assert_eq!(
+            c.get(&demo.url("/")).await.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "key {key}"
+        );
         assert!(demo.terminate().success());
     }
 }
 
 #[tokio::test]
 async fn demo_accepts_sub_second_windows() {
-    let demo = Running::start("demo", &["--listen", "127.0.0.1:0", "--limit", "5", "--window", "500ms"]);
-    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let demo = Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--limit",
+            "5",
+            "--window",
+            "500ms",
+        ],
+    );
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let r = HttpClient::new().get(&demo.url("/")).await;
     let reset = r.header_u64("x-ratelimit-reset");
-    assert!(reset >= before && reset <= before + 3, "a 500ms window resets within a second or two: {reset} vs {before}");
+    assert!(
+        reset >= before && reset <= before + 3,
+        "a 500ms window resets within a second or two: {reset} vs {before}"
+    );
     assert!(demo.terminate().success());
 }
 
 #[test]
 fn demo_rejects_bad_flags_with_a_message_and_a_failure_status() {
-    for args in [&["--window", "5 parsecs"][..], &["--key", "cookie"], &["--limit", "0"]] {
-        let out = Command::new(example::example_path("demo")).args(args).output().unwrap();
+    for args in [
+        &["--window", "5 parsecs"][..],
+        &["--key", "cookie"],
+        &["--limit", "0"],
+    ] {
+        let out = Command::new(example::example_path("demo"))
+            .args(args)
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "{args:?} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.is_empty(), "{args:?} gave no message");
-        assert!(out.stdout.is_empty(), "{args:?} printed to stdout: no `listening on` line");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} printed to stdout: no `listening on` line"
+        );
     }
 }

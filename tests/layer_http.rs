@@ -47,7 +47,11 @@ async fn allowed_responses_carry_github_headers_and_one_reset_across_second_boun
         assert_eq!(r.header_u64("x-ratelimit-limit"), 5);
         assert_eq!(r.header_u64("x-ratelimit-remaining"), 4 - i);
         assert_eq!(r.header_u64("x-ratelimit-used"), i + 1);
-        assert_eq!(r.header_u64("x-ratelimit-reset"), expected_reset, "request {i}");
+        assert_eq!(
+            r.header_u64("x-ratelimit-reset"),
+            expected_reset,
+            "request {i}"
+        );
         assert!(r.header("retry-after").is_none());
         // 700 ms per request: crosses several second boundaries within the window.
         clock.advance(Duration::from_millis(700));
@@ -66,13 +70,21 @@ async fn rejected_response_has_remaining_zero_a_future_reset_retry_after_and_a_p
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 0);
     let reset = r.header_u64("x-ratelimit-reset");
-    assert_eq!(reset, first.header_u64("x-ratelimit-reset"), "same window, same reset");
+    assert_eq!(
+        reset,
+        first.header_u64("x-ratelimit-reset"),
+        "same window, same reset"
+    );
     assert!(reset * 1000 > T0 + 10_300, "reset is in the future");
     let retry = r.header_u64("retry-after");
     assert!(retry > 0);
     assert_eq!(retry, (60_000u64 - 10_300).div_ceil(1000));
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
-    assert!(r.body.contains(&format!("\"retry_after\":{retry}")), "{}", r.body);
+    assert!(
+        r.body.contains(&format!("\"retry_after\":{retry}")),
+        "{}",
+        r.body
+    );
     assert!(r.body.contains("\"status\":429"));
 }
 
@@ -84,13 +96,20 @@ async fn not_modified_responses_are_refunded_and_show_the_refunded_remaining() {
     for _ in 0..5 {
         let r = client.get(&server.url("/not-modified")).await;
         assert_eq!(r.status, StatusCode::NOT_MODIFIED);
-        assert_eq!(r.header_u64("x-ratelimit-remaining"), 2, "a 304 costs nothing");
+        assert_eq!(
+            r.header_u64("x-ratelimit-remaining"),
+            2,
+            "a 304 costs nothing"
+        );
     }
     assert_eq!(client.get(&server.url("/")).await.status, StatusCode::OK);
     let r = client.get(&server.url("/not-modified")).await;
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 1);
     assert_eq!(client.get(&server.url("/")).await.status, StatusCode::OK);
-    assert_eq!(client.get(&server.url("/")).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        client.get(&server.url("/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -99,18 +118,28 @@ async fn a_new_window_opens_once_the_stored_reset_has_passed() {
     let server = TestServer::start(app().layer(layer(1, Duration::from_secs(10), &clock))).await;
     let client = HttpClient::new();
     let a = client.get(&server.url("/")).await;
-    assert_eq!(client.get(&server.url("/")).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        client.get(&server.url("/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     clock.advance(Duration::from_secs(10));
     let b = client.get(&server.url("/")).await;
     assert_eq!(b.status, StatusCode::OK);
-    assert_eq!(b.header_u64("x-ratelimit-reset"), a.header_u64("x-ratelimit-reset") + 10);
+    assert_eq!(
+        b.header_u64("x-ratelimit-reset"),
+        a.header_u64("x-ratelimit-reset") + 10
+    );
 }
 
 #[tokio::test]
 async fn ietf_style_names_every_policy_and_both_style_sends_both() {
     let clock = ManualClock::new(T0);
     let policy = Policy::new(Quota::new(10, Duration::from_secs(1)).unwrap())
-        .and(Quota::new(100, Duration::from_secs(3600)).unwrap().named("hourly"))
+        .and(
+            Quota::new(100, Duration::from_secs(3600))
+                .unwrap()
+                .named("hourly"),
+        )
         .unwrap();
     let l = RateLimitLayer::builder()
         .policy(policy)
@@ -120,8 +149,14 @@ async fn ietf_style_names_every_policy_and_both_style_sends_both() {
         .unwrap();
     let server = TestServer::start(app().layer(l)).await;
     let r = HttpClient::new().get(&server.url("/")).await;
-    assert_eq!(r.header("ratelimit-policy"), Some(r#""1s";q=10;w=1, "hourly";q=100;w=3600"#));
-    assert_eq!(r.header("ratelimit"), Some(r#""1s";r=9;t=1, "hourly";r=99;t=3600"#));
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""1s";q=10;w=1, "hourly";q=100;w=3600"#)
+    );
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""1s";r=9;t=1, "hourly";r=99;t=3600"#)
+    );
     // GitHub headers report the most restrictive quota: 9 of 10 left beats 99 of 100.
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 9);
 }
@@ -183,12 +218,21 @@ async fn clones_of_one_layer_share_one_limiter() {
         .clock(clock)
         .build()
         .unwrap();
-    let a = Router::new().route("/", get(|| async { "a" })).layer(l.clone());
+    let a = Router::new()
+        .route("/", get(|| async { "a" }))
+        .layer(l.clone());
     let b = Router::new().route("/", get(|| async { "b" })).layer(l);
     let mut admitted = 0;
     for i in 0..6 {
         let svc = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let res = svc.oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+        let res = svc
+            .oneshot(
+                http::Request::get("/")
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
         admitted += usize::from(res.status() == StatusCode::OK);
     }
     assert_eq!(admitted, 3);
@@ -201,15 +245,39 @@ async fn route_layer_limits_only_matched_routes_and_unmatched_paths_stay_404() {
         .route("/limited", get(|| async { "x" }))
         .route_layer(layer(1, Duration::from_secs(60), &clock))
         .route("/free", get(|| async { "y" }));
-    let peer = axum::extract::connect_info::MockConnectInfo(std::net::SocketAddr::from(([10, 0, 0, 1], 1234)));
+    let peer = axum::extract::connect_info::MockConnectInfo(std::net::SocketAddr::from((
+        [10, 0, 0, 1],
+        1234,
+    )));
     let app = app.layer(peer);
-    let req = |p: &str| http::Request::get(p).body(axum::body::Body::empty()).unwrap();
+    let req = |p: &str| {
+        http::Request::get(p)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
     let first = app.clone().oneshot(req("/limited")).await.unwrap();
-    assert_eq!(first.status(), StatusCode::OK, "{:?}", http_body_util::BodyExt::collect(first.into_body()).await.unwrap().to_bytes());
-    assert_eq!(app.clone().oneshot(req("/limited")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        first.status(),
+        StatusCode::OK,
+        "{:?}",
+        http_body_util::BodyExt::collect(first.into_body())
+            .await
+            .unwrap()
+            .to_bytes()
+    );
+    assert_eq!(
+        app.clone().oneshot(req("/limited")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     for _ in 0..3 {
-        assert_eq!(app.clone().oneshot(req("/free")).await.unwrap().status(), StatusCode::OK);
-        assert_eq!(app.clone().oneshot(req("/missing")).await.unwrap().status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            app.clone().oneshot(req("/free")).await.unwrap().status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            app.clone().oneshot(req("/missing")).await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
     }
 }
 
@@ -219,11 +287,14 @@ async fn a_bare_service_builder_stack_is_limited_and_keeps_its_error_type() {
     let svc = ServiceBuilder::new()
         .layer(layer(2, Duration::from_secs(60), &clock))
         .service_fn(|_req: http::Request<String>| async {
-            Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from("hi"))))
+            Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(
+                bytes::Bytes::from("hi"),
+            )))
         });
     let req = || {
         let mut r = http::Request::new(String::new());
-        r.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 80)));
+        r.extensions_mut()
+            .insert(std::net::SocketAddr::from(([192, 0, 2, 1], 80)));
         r
     };
     let statuses: Vec<u16> = {
@@ -242,9 +313,11 @@ async fn an_exempt_request_is_neither_counted_nor_given_headers() {
     let clock = ManualClock::new(T0);
     let l = RateLimitLayer::builder()
         .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
-        .key(|p: &Parts| -> Result<Option<Key>, tower_ratelimit::key::KeyError> {
-            Ok((p.uri.path() != "/health").then(Key::global))
-        })
+        .key(
+            |p: &Parts| -> Result<Option<Key>, tower_ratelimit::key::KeyError> {
+                Ok((p.uri.path() != "/health").then(Key::global))
+            },
+        )
         .clock(clock)
         .build()
         .unwrap();
@@ -257,16 +330,29 @@ async fn an_exempt_request_is_neither_counted_nor_given_headers() {
         assert!(r.header("x-ratelimit-remaining").is_none());
     }
     assert_eq!(c.get(&server.url("/")).await.status, StatusCode::OK);
-    assert_eq!(c.get(&server.url("/")).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        c.get(&server.url("/")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
 async fn a_missing_key_gets_a_500_naming_the_extractor_and_the_fix() {
     // No connect info: PeerIp cannot find the peer address.
     let app = app().layer(layer(5, Duration::from_secs(60), &ManualClock::new(T0)));
-    let res = app.oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    let res = app
+        .oneshot(
+            http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    let body = http_body_util::BodyExt::collect(res.into_body()).await.unwrap().to_bytes();
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("peer_ip"), "{body}");
     assert!(body.contains("connect_info"), "{body}");
@@ -277,10 +363,23 @@ async fn the_key_error_response_is_configurable() {
     let l = RateLimitLayer::builder()
         .quota(Quota::new(5, Duration::from_secs(60)).unwrap())
         .key(Header::try_new("x-api-key").unwrap())
-        .on_key_error(|_| http::Response::builder().status(401).body(bytes::Bytes::from("who are you?")).unwrap())
+        .on_key_error(|_| {
+            http::Response::builder()
+                .status(401)
+                .body(bytes::Bytes::from("who are you?"))
+                .unwrap()
+        })
         .build()
         .unwrap();
-    let res = app().layer(l).oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    let res = app()
+        .layer(l)
+        .oneshot(
+            http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 }
 
@@ -294,7 +393,9 @@ async fn async_policy_gives_tiers_per_key() {
             async move {
                 tokio::task::yield_now().await; // a real lookup would await a database here
                 let limit = if premium { 5 } else { 2 };
-                Ok(Policy::new(Quota::new(limit, Duration::from_secs(60)).unwrap()))
+                Ok(Policy::new(
+                    Quota::new(limit, Duration::from_secs(60)).unwrap(),
+                ))
             }
         })
         .clock(clock)
@@ -308,7 +409,11 @@ async fn async_policy_gives_tiers_per_key() {
         async move {
             let mut ok = 0;
             for _ in 0..8 {
-                if c.get_with(&url, &[("x-user", user.as_bytes())]).await.status == StatusCode::OK {
+                if c.get_with(&url, &[("x-user", user.as_bytes())])
+                    .await
+                    .status
+                    == StatusCode::OK
+                {
                     ok += 1;
                 }
             }
@@ -333,9 +438,18 @@ async fn async_key_extraction_keys_and_exempts() {
     let server = TestServer::start(app().layer(l)).await;
     let c = HttpClient::new();
     let url = server.url("/");
-    assert_eq!(c.get_with(&url, &[("x-user", b"a")]).await.status, StatusCode::OK);
-    assert_eq!(c.get_with(&url, &[("x-user", b"a")]).await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(c.get_with(&url, &[("x-user", b"b")]).await.status, StatusCode::OK);
+    assert_eq!(
+        c.get_with(&url, &[("x-user", b"a")]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        c.get_with(&url, &[("x-user", b"a")]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        c.get_with(&url, &[("x-user", b"b")]).await.status,
+        StatusCode::OK
+    );
     // No user: exempt.
     assert_eq!(c.get(&url).await.status, StatusCode::OK);
     assert_eq!(c.get(&url).await.status, StatusCode::OK);
@@ -345,7 +459,12 @@ async fn async_key_extraction_keys_and_exempts() {
 async fn cost_closure_spends_several_units_and_a_cost_above_the_limit_is_refused_with_a_reason() {
     let l = RateLimitLayer::builder()
         .quota(Quota::new(10, Duration::from_secs(60)).unwrap())
-        .cost(|p: &Parts| p.headers.get("x-cost").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1))
+        .cost(|p: &Parts| {
+            p.headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
         .clock(ManualClock::new(T0))
         .build()
         .unwrap();
@@ -353,16 +472,25 @@ async fn cost_closure_spends_several_units_and_a_cost_above_the_limit_is_refused
     let c = HttpClient::new();
     let url = server.url("/");
     let r = c.get_with(&url, &[("x-cost", b"4")]).await;
-    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (StatusCode::OK, 6));
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (StatusCode::OK, 6)
+    );
     let r = c.get_with(&url, &[("x-cost", b"11")]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(r.body.contains("can never be admitted"), "{}", r.body);
     assert!(r.header("retry-after").is_none(), "waiting never helps");
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 6, "not charged");
     let r = c.get_with(&url, &[("x-cost", b"7")]).await;
-    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (StatusCode::TOO_MANY_REQUESTS, 6));
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (StatusCode::TOO_MANY_REQUESTS, 6)
+    );
     let r = c.get_with(&url, &[("x-cost", b"6")]).await;
-    assert_eq!((r.status, r.header_u64("x-ratelimit-remaining")), (StatusCode::OK, 0));
+    assert_eq!(
+        (r.status, r.header_u64("x-ratelimit-remaining")),
+        (StatusCode::OK, 0)
+    );
 }
 
 #[tokio::test]
@@ -380,7 +508,12 @@ async fn a_spoofed_x_forwarded_for_from_an_untrusted_peer_does_not_change_the_ke
     let statuses: Vec<u16> = {
         let mut v = vec![];
         for spoof in ["1.1.1.1", "2.2.2.2", "3.3.3.3"] {
-            v.push(c.get_with(&url, &[("x-forwarded-for", spoof.as_bytes())]).await.status.as_u16());
+            v.push(
+                c.get_with(&url, &[("x-forwarded-for", spoof.as_bytes())])
+                    .await
+                    .status
+                    .as_u16(),
+            );
         }
         v
     };
@@ -402,10 +535,17 @@ async fn behind_a_trusted_proxy_the_rightmost_untrusted_hop_is_the_client() {
     let get = |xff: &'static str| {
         let c = c.clone();
         let url = url.clone();
-        async move { c.get_with(&url, &[("x-forwarded-for", xff.as_bytes())]).await.status }
+        async move {
+            c.get_with(&url, &[("x-forwarded-for", xff.as_bytes())])
+                .await
+                .status
+        }
     };
     assert_eq!(get("9.9.9.9, 203.0.113.7").await, StatusCode::OK);
-    assert_eq!(get("8.8.8.8, 203.0.113.7").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        get("8.8.8.8, 203.0.113.7").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(get("203.0.113.8").await, StatusCode::OK);
 }
 
@@ -430,21 +570,46 @@ async fn non_utf8_and_8_kib_header_values_get_a_defined_answer_not_a_panic() {
     let big = vec![b'a'; 8 * 1024];
     let non_utf8: &[u8] = &[0xff, 0xfe, b'x', 0x80];
     // Each distinct value is its own key, hashed to a bounded size.
-    assert_eq!(c.get_with(&url, &[("x-client", &big)]).await.status, StatusCode::OK);
-    assert_eq!(c.get_with(&url, &[("x-client", &big)]).await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(c.get_with(&url, &[("x-client", non_utf8)]).await.status, StatusCode::OK);
-    assert_eq!(c.get_with(&url, &[("x-client", non_utf8)]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        c.get_with(&url, &[("x-client", &big)]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        c.get_with(&url, &[("x-client", &big)]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        c.get_with(&url, &[("x-client", non_utf8)]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        c.get_with(&url, &[("x-client", non_utf8)]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // Garbage forwarding headers from a trusted peer fall back to that peer: still answered.
     let garbage_xff = vec![b'z'; 8 * 1024];
-    let r = c.get_with(&url, &[("x-client", b"other"), ("x-forwarded-for", &garbage_xff)]).await;
+    let r = c
+        .get_with(
+            &url,
+            &[("x-client", b"other"), ("x-forwarded-for", &garbage_xff)],
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK);
-    let r = c.get_with(&url, &[("x-client", b"third"), ("x-forwarded-for", non_utf8)]).await;
+    let r = c
+        .get_with(
+            &url,
+            &[("x-client", b"third"), ("x-forwarded-for", non_utf8)],
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK);
 }
 
 #[test]
 fn sixty_four_tasks_hammering_one_key_admit_exactly_the_quota() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .build()
+        .unwrap();
     rt.block_on(async {
         let quota = 1_000;
         let l = RateLimitLayer::builder()
@@ -463,7 +628,11 @@ fn sixty_four_tasks_hammering_one_key_admit_exactly_the_quota() {
                 for _ in 0..50 {
                     let res = app
                         .clone()
-                        .oneshot(http::Request::get("/").body(axum::body::Body::empty()).unwrap())
+                        .oneshot(
+                            http::Request::get("/")
+                                .body(axum::body::Body::empty())
+                                .unwrap(),
+                        )
                         .await
                         .unwrap();
                     if res.status() == StatusCode::OK {

@@ -16,7 +16,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "" | "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n * 60),
         "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("unknown unit `{unit}` in `{s}` (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{s}` (use ms, s, m or h)"
+            ))
+        }
     };
     if d.is_zero() {
         return Err("a duration must be above zero".into());

@@ -97,7 +97,13 @@ mod tests {
         let (st, s) = charge(None, 3, W, clock.now_ms(), 1);
         assert!(st.allowed);
         assert_eq!((st.remaining, st.reset_ms), (2, 70_000));
-        assert_eq!(s, State { count: 1, reset_ms: 70_000 });
+        assert_eq!(
+            s,
+            State {
+                count: 1,
+                reset_ms: 70_000
+            }
+        );
     }
 
     #[test]
@@ -112,7 +118,11 @@ mod tests {
         clock.advance(Duration::from_millis(1));
         let (st, s2) = charge(Some(s), 1, W, clock.now_ms(), 1);
         assert!(st.allowed);
-        assert_eq!(s2.reset_ms, 2 * W, "a new window starts at the reset instant");
+        assert_eq!(
+            s2.reset_ms,
+            2 * W,
+            "a new window starts at the reset instant"
+        );
     }
 
     #[test]

@@ -27,10 +27,16 @@ fn fixed(state: Option<&State>) -> Option<fixed_window::State> {
 
 /// Evaluates `cost` against `quota`: the status, and the state to store if every
 /// quota of the policy admits the request.
-pub(crate) fn charge(quota: &Quota, state: Option<&State>, now: u64, cost: u64) -> (QuotaStatus, State) {
+pub(crate) fn charge(
+    quota: &Quota,
+    state: Option<&State>,
+    now: u64,
+    cost: u64,
+) -> (QuotaStatus, State) {
     match quota.algorithm() {
         Algorithm::FixedWindow => {
-            let (st, s) = fixed_window::charge(fixed(state), quota.limit(), quota.window_ms(), now, cost);
+            let (st, s) =
+                fixed_window::charge(fixed(state), quota.limit(), quota.window_ms(), now, cost);
             (st, State::FixedWindow(s))
         }
     }
@@ -39,15 +45,25 @@ pub(crate) fn charge(quota: &Quota, state: Option<&State>, now: u64, cost: u64) 
 /// The status at `now` without charging.
 pub(crate) fn peek(quota: &Quota, state: Option<&State>, now: u64) -> QuotaStatus {
     match quota.algorithm() {
-        Algorithm::FixedWindow => fixed_window::peek(fixed(state), quota.limit(), quota.window_ms(), now),
+        Algorithm::FixedWindow => {
+            fixed_window::peek(fixed(state), quota.limit(), quota.window_ms(), now)
+        }
     }
 }
 
 /// The state after refunding `cost` to the state identified by `window_id`, or
 /// `None` when the refund does not apply (that state is gone).
-pub(crate) fn refund(quota: &Quota, state: Option<&State>, window_id: u64, now: u64, cost: u64) -> Option<State> {
+pub(crate) fn refund(
+    quota: &Quota,
+    state: Option<&State>,
+    window_id: u64,
+    now: u64,
+    cost: u64,
+) -> Option<State> {
     match quota.algorithm() {
-        Algorithm::FixedWindow => fixed_window::refund(fixed(state), window_id, now, cost).map(State::FixedWindow),
+        Algorithm::FixedWindow => {
+            fixed_window::refund(fixed(state), window_id, now, cost).map(State::FixedWindow)
+        }
     }
 }
 

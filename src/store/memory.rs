@@ -9,7 +9,7 @@ use crate::quota::Quota;
 use hashbrown::HashMap;
 use smallvec::SmallVec;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// What the memory store does when a new key arrives and it already tracks
@@ -67,7 +67,10 @@ struct Entry {
 
 impl Entry {
     fn get(&self, slot: u64) -> Option<&State> {
-        self.slots.iter().find(|(s, _)| *s == slot).map(|(_, st)| st)
+        self.slots
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, st)| st)
     }
 
     fn set(&mut self, slot: u64, state: State) {
@@ -78,7 +81,11 @@ impl Entry {
     }
 
     fn expires_at(&self) -> u64 {
-        self.slots.iter().map(|(_, s)| s.expires_at()).max().unwrap_or(0)
+        self.slots
+            .iter()
+            .map(|(_, s)| s.expires_at())
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -137,7 +144,7 @@ impl MemoryStoreBuilder {
         let n = self.shards.next_power_of_two();
         // Fewer keys than shards: fewer shards, so the cap stays exact.
         let n = n.min(self.max_keys.next_power_of_two()).max(1);
-        let n = if self.max_keys % n == 0 { n } else { prev_pow2_dividing(self.max_keys, n) };
+        let n = prev_pow2_dividing(self.max_keys, n);
         let shards = (0..n).map(|_| Mutex::new(Shard::default())).collect();
         MemoryStore {
             inner: Arc::new(Inner {
@@ -154,7 +161,7 @@ impl MemoryStoreBuilder {
 
 /// The largest power of two `<= n` that divides `max_keys`, so shards × per-shard cap == max_keys.
 fn prev_pow2_dividing(max_keys: usize, mut n: usize) -> usize {
-    while n > 1 && max_keys % n != 0 {
+    while n > 1 && !max_keys.is_multiple_of(n) {
         n /= 2;
     }
     n
@@ -192,9 +199,7 @@ impl MemoryStore {
     }
 
     fn shard(&self, key: &MapKey) -> (&Mutex<Shard>, u64) {
-        let mut h = self.inner.hasher.build_hasher();
-        key.hash(&mut h);
-        let hash = h.finish();
+        let hash = self.inner.hasher.hash_one(key);
         // High bits pick the shard; hashbrown uses the low bits within it.
         let idx = (hash >> 40) & self.inner.shard_mask;
         (&self.inner.shards[idx as usize], hash)
@@ -213,7 +218,8 @@ impl MemoryStore {
             Decision::from_statuses(
                 quotas.iter().map(|q| {
                     let slot = slot_of(q);
-                    let (status, st) = algorithm::charge(q, entry.and_then(|e| e.get(slot)), now, call.cost);
+                    let (status, st) =
+                        algorithm::charge(q, entry.and_then(|e| e.get(slot)), now, call.cost);
                     next.push((slot, st));
                     status
                 }),
@@ -238,7 +244,13 @@ impl MemoryStore {
     }
 
     /// Inserts a new key, reclaiming expired state and applying the cap.
-    fn insert(&self, shard: &mut Shard, mk: MapKey, entry: Entry, now: u64) -> Result<(), StoreError> {
+    fn insert(
+        &self,
+        shard: &mut Shard,
+        mk: MapKey,
+        entry: Entry,
+        now: u64,
+    ) -> Result<(), StoreError> {
         let cap = self.inner.max_keys_per_shard;
         let full = shard.map.len() >= cap;
         if now >= shard.min_expiry && (full || shard.inserts_since_sweep >= shard.map.len() / 4) {
@@ -273,10 +285,14 @@ impl MemoryStore {
         let mk = (c.namespace.id(), *c.key);
         let (shard, _) = self.shard(&mk);
         let mut shard = lock(shard);
-        let Some(entry) = shard.map.get_mut(&mk) else { return };
+        let Some(entry) = shard.map.get_mut(&mk) else {
+            return;
+        };
         for (q, status) in c.policy.quotas().iter().zip(call.decision.statuses()) {
             let slot = slot_of(q);
-            if let Some(st) = algorithm::refund(q, entry.get(slot), status.window_id, c.now_ms, c.cost) {
+            if let Some(st) =
+                algorithm::refund(q, entry.get(slot), status.window_id, c.now_ms, c.cost)
+            {
                 entry.set(slot, st);
             }
         }
@@ -299,7 +315,12 @@ impl MemoryStore {
 
 fn sweep(shard: &mut Shard, now: u64) {
     shard.map.retain(|_, e| e.expires_at() > now);
-    shard.min_expiry = shard.map.values().map(Entry::expires_at).min().unwrap_or(u64::MAX);
+    shard.min_expiry = shard
+        .map
+        .values()
+        .map(Entry::expires_at)
+        .min()
+        .unwrap_or(u64::MAX);
     shard.inserts_since_sweep = 0;
 }
 

@@ -12,9 +12,9 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
-pub use memory::{MemoryStore, MemoryStoreBuilder, Overflow};
 #[cfg(feature = "redis")]
 pub use self::redis::{EvictionCheck, RedisStore, RedisStoreBuilder, TimeSource};
+pub use memory::{MemoryStore, MemoryStoreBuilder, Overflow};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -120,7 +120,9 @@ impl<T> Future for StoreFuture<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match self.get_mut() {
-            StoreFuture::Ready(v) => Poll::Ready(v.take().expect("StoreFuture polled after completion")),
+            StoreFuture::Ready(v) => {
+                Poll::Ready(v.take().expect("StoreFuture polled after completion"))
+            }
             StoreFuture::Pending(f) => f.as_mut().poll(cx),
         }
     }

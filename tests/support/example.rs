@@ -77,7 +77,10 @@ impl Running {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "did not exit within 20 s of SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "did not exit within 20 s of SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -25,12 +25,15 @@ impl TestServer {
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(async {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
         });
         Self {
             addr,
@@ -105,7 +108,11 @@ impl HttpClient {
         for (k, v) in headers {
             req = req.header(*k, HeaderValue::from_bytes(v).unwrap());
         }
-        let res = self.client.request(req.body(Empty::new()).unwrap()).await.unwrap();
+        let res = self
+            .client
+            .request(req.body(Empty::new()).unwrap())
+            .await
+            .unwrap();
         let (parts, body) = res.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
         Reply {

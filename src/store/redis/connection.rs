@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Checks a freshly made connection before it serves traffic.
-pub(crate) type Vet = dyn Fn(MultiplexedConnection) -> crate::limiter::BoxFuture<Result<(), StoreError>> + Send + Sync;
+pub(crate) type Vet = dyn Fn(MultiplexedConnection) -> crate::limiter::BoxFuture<Result<(), StoreError>>
+    + Send
+    + Sync;
 
 pub(crate) struct Lanes {
     pool: Pool,
@@ -38,7 +40,11 @@ impl Lanes {
     /// A connection to send one command on, and the lane it came from.
     pub(crate) async fn get(&self) -> Result<(usize, MultiplexedConnection), StoreError> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
-        if let Some(c) = self.lanes[i].lock().unwrap_or_else(PoisonError::into_inner).clone() {
+        if let Some(c) = self.lanes[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
             return Ok((i, c));
         }
         let conn = self.pool.get().await.map_err(pool_error)?;
@@ -53,7 +59,10 @@ impl Lanes {
 
     /// Drops lane `i`'s connection after an error that may have broken it.
     pub(crate) fn discard(&self, i: usize) {
-        self.lanes[i].lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.lanes[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 }
 

@@ -56,8 +56,17 @@ mod tests {
     #[test]
     fn namespaces_and_keys_give_distinct_redis_keys() {
         let (a, b) = (Namespace::new("a"), Namespace::new("b"));
-        assert_ne!(redis_key("p:", &a, &Key::new("x")), redis_key("p:", &b, &Key::new("x")));
-        assert_ne!(redis_key("p:", &a, &Key::new("x")), redis_key("p:", &a, &Key::new("y")));
-        assert_eq!(redis_key("p:", &a, &Key::new("x")), redis_key("p:", &a, &Key::new("x")));
+        assert_ne!(
+            redis_key("p:", &a, &Key::new("x")),
+            redis_key("p:", &b, &Key::new("x"))
+        );
+        assert_ne!(
+            redis_key("p:", &a, &Key::new("x")),
+            redis_key("p:", &a, &Key::new("y"))
+        );
+        assert_eq!(
+            redis_key("p:", &a, &Key::new("x")),
+            redis_key("p:", &a, &Key::new("x"))
+        );
     }
 }

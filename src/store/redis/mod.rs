@@ -193,14 +193,21 @@ impl RedisStoreBuilder {
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if self.prefix.is_empty()
             || self.prefix.len() > 64
-            || !self.prefix.bytes().all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+            || !self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
         {
             return Err(ConfigError::new(format!(
                 "redis key prefix {:?} must be 1 to 64 printable characters without braces",
                 self.prefix
             )));
         }
-        for t in [self.connect_timeout, self.response_timeout, self.pool_wait_timeout] {
+        for t in [
+            self.connect_timeout,
+            self.response_timeout,
+            self.pool_wait_timeout,
+        ] {
             if t.is_zero() {
                 return Err(ConfigError::new("redis timeouts must be above zero"));
             }
@@ -311,7 +318,9 @@ impl RedisStore {
     /// checks and health endpoints). Not needed: the store connects lazily.
     pub async fn eviction_policy(&self) -> Result<String, StoreError> {
         let (i, mut conn) = self.inner.primary.get().await?;
-        eviction_policy(&mut conn).await.inspect_err(|_| self.inner.primary.discard(i))
+        eviction_policy(&mut conn)
+            .await
+            .inspect_err(|_| self.inner.primary.discard(i))
     }
 
     /// The Redis key holding `key`'s state for the limiter `namespace`.
@@ -328,7 +337,11 @@ impl RedisStore {
 }
 
 /// Runs one script call on `lanes` within `budget`.
-async fn invoke<T: FromRedisValue>(lanes: &Lanes, inv: &ScriptInvocation<'static>, budget: Duration) -> Result<T, StoreError> {
+async fn invoke<T: FromRedisValue>(
+    lanes: &Lanes,
+    inv: &ScriptInvocation<'static>,
+    budget: Duration,
+) -> Result<T, StoreError> {
     let call = async {
         let (i, mut conn) = lanes.get().await?;
         // `invoke_async` re-sends only after NOSCRIPT, when nothing ran; an
@@ -352,10 +365,17 @@ fn slot_field(q: &crate::quota::Quota) -> String {
 
 /// Builds the decision from the script's reply: the state it read, replayed
 /// through the same pure math the memory store uses.
-fn decode(policy: &Policy, cost: u64, sent_now: Option<u64>, reply: &[i64]) -> Result<Decision, StoreError> {
+fn decode(
+    policy: &Policy,
+    cost: u64,
+    sent_now: Option<u64>,
+    reply: &[i64],
+) -> Result<Decision, StoreError> {
     let n = policy.quotas().len();
     if reply.len() != 2 + 2 * n || reply.iter().any(|v| *v < 0) {
-        return Err(StoreError::Protocol(format!("charge script returned {reply:?}")));
+        return Err(StoreError::Protocol(format!(
+            "charge script returned {reply:?}"
+        )));
     }
     let now = reply[1] as u64;
     if sent_now.is_some_and(|t| t != now) {
@@ -439,22 +459,29 @@ impl Store for RedisStore {
                     n => &inner.replicas[inner.next_replica.fetch_add(1, Ordering::Relaxed) % n],
                 };
                 let (i, mut conn) = lanes.get().await?;
-                cmd.query_async::<Vec<Option<u64>>>(&mut conn).await.map_err(|e| {
-                    if breaks_connection(&e) {
-                        lanes.discard(i);
-                    }
-                    redis_error(e)
-                })
+                cmd.query_async::<Vec<Option<u64>>>(&mut conn)
+                    .await
+                    .map_err(|e| {
+                        if breaks_connection(&e) {
+                            lanes.discard(i);
+                        }
+                        redis_error(e)
+                    })
             };
             let vals = tokio::time::timeout(budget, read)
                 .await
                 .map_err(|_| StoreError::Timeout(budget))??;
             if vals.len() != 2 * policy.quotas().len() {
-                return Err(StoreError::Protocol(format!("HMGET returned {} values", vals.len())));
+                return Err(StoreError::Protocol(format!(
+                    "HMGET returned {} values",
+                    vals.len()
+                )));
             }
             let statuses = policy.quotas().iter().enumerate().map(|(i, q)| {
                 let state = match (vals[2 * i], vals[2 * i + 1]) {
-                    (Some(count), Some(reset_ms)) => Some(State::FixedWindow(fixed_window::State { count, reset_ms })),
+                    (Some(count), Some(reset_ms)) => {
+                        Some(State::FixedWindow(fixed_window::State { count, reset_ms }))
+                    }
                     _ => None,
                 };
                 // A replica may hold a window whose reset has passed: the math discards it.

@@ -1,0 +1,26 @@
+//! The shared decision table, through the memory store and a real Redis.
+
+#[path = "support/redis.rs"]
+mod redis_support;
+#[path = "support/vectors.rs"]
+mod vectors;
+
+use tower_ratelimit::clock::{Clock, SystemClock};
+use tower_ratelimit::store::{MemoryStore, RedisStore};
+
+#[tokio::test]
+async fn memory_store_answers_the_shared_table() {
+    vectors::run_tables(&MemoryStore::new(), SystemClock.now_ms()).await;
+}
+
+#[tokio::test]
+async fn redis_store_answers_the_shared_table() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let server = redis_support::RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    // Application time near the real time, so the keys' TTLs are meaningful.
+    vectors::run_tables(&store, SystemClock.now_ms()).await;
+    redis_support::assert_every_key_has_a_ttl(&server);
+}
