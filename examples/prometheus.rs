@@ -27,10 +27,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/", get(|| async { "hello\n" }))
         .layer(limit)
         // Not limited: added after the layer.
-        .route("/metrics", get(move || std::future::ready(metrics.render())));
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        );
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    println!("listening on http://{}; metrics at /metrics", listener.local_addr()?);
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    println!(
+        "listening on http://{}; metrics at /metrics",
+        listener.local_addr()?
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
     Ok(())
 }

@@ -101,7 +101,12 @@ impl Breaker {
             return Admit::Reject;
         }
         // One caller wins the probe; the others keep failing fast meanwhile.
-        match self.open_until.compare_exchange(until, now + self.cooldown_ms.max(1), Ordering::AcqRel, Ordering::Acquire) {
+        match self.open_until.compare_exchange(
+            until,
+            now + self.cooldown_ms.max(1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => Admit::Probe,
             Err(_) => Admit::Reject,
         }
@@ -112,7 +117,8 @@ impl Breaker {
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
         }
-        self.open_until.load(Ordering::Acquire) != 0 && self.open_until.swap(0, Ordering::AcqRel) != 0
+        self.open_until.load(Ordering::Acquire) != 0
+            && self.open_until.swap(0, Ordering::AcqRel) != 0
     }
 
     /// Records a failed call; returns true if this opened the breaker.
@@ -120,9 +126,14 @@ impl Breaker {
         if self.threshold == u32::MAX {
             return false;
         }
-        let n = self.failures.fetch_add(1, Ordering::AcqRel).saturating_add(1);
+        let n = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
         if n >= self.threshold {
-            let was = self.open_until.swap(now + self.cooldown_ms.max(1), Ordering::AcqRel);
+            let was = self
+                .open_until
+                .swap(now + self.cooldown_ms.max(1), Ordering::AcqRel);
             return was == 0;
         }
         false
@@ -144,7 +155,11 @@ mod tests {
 
     #[test]
     fn opens_after_the_threshold_rejects_during_cooldown_and_lets_one_probe_through() {
-        let b = Breaker::new(CircuitBreaker::new().failures(3).cooldown(Duration::from_millis(100)));
+        let b = Breaker::new(
+            CircuitBreaker::new()
+                .failures(3)
+                .cooldown(Duration::from_millis(100)),
+        );
         assert_eq!(b.admit(0), Admit::Call);
         assert!(!b.failure(0));
         assert!(!b.failure(1));

@@ -97,7 +97,10 @@ impl Denials {
     /// The cached rejection for `key`, if it still holds at `now` for `cost`,
     /// with `Retry-After` counted down to `now`.
     pub(crate) fn check(&self, key: &Key, cost: u64, now: u64) -> Option<(Decision, Policy)> {
-        let mut map = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let d = map.get(key)?;
         if now >= d.until_ms {
             map.remove(key);
@@ -115,12 +118,22 @@ impl Denials {
     }
 
     /// Remembers a rejection that has a finite wait.
-    pub(crate) fn insert(&self, key: Key, cost: u64, now: u64, decision: &Decision, policy: &Policy) {
+    pub(crate) fn insert(
+        &self,
+        key: Key,
+        cost: u64,
+        now: u64,
+        decision: &Decision,
+        policy: &Policy,
+    ) {
         let wait = decision.retry_after_ms();
         if decision.is_allowed() || wait == 0 {
             return;
         }
-        let mut map = self.shard(&key).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self
+            .shard(&key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if map.len() >= self.per_shard && !map.contains_key(&key) {
             map.retain(|_, d| d.until_ms > now);
             if map.len() >= self.per_shard {

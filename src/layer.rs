@@ -1,11 +1,11 @@
 //! [`RateLimitLayer`] and its builder.
 
+use crate::breaker::{Breaker, CircuitBreaker};
 use crate::clock::{Clock, SystemClock};
+use crate::deny_cache::{Denials, DenyCache};
 use crate::error::ConfigError;
 use crate::headers::HeaderStyle;
 use crate::key::{Key, KeyError, KeyExtractor};
-use crate::breaker::{Breaker, CircuitBreaker};
-use crate::deny_cache::{DenyCache, Denials};
 use crate::limiter::{KeySource, Limiter, LogThrottle, OnStoreError, PolicySource};
 use crate::quota::{Policy, Quota};
 use crate::response::{self, Rejection};
@@ -629,7 +629,11 @@ impl RateLimitLayerBuilder {
         };
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         // The memory store answers locally: a deny cache in front of it only costs.
-        let denials = if store.is_local() { None } else { Denials::new(self.deny_cache) };
+        let denials = if store.is_local() {
+            None
+        } else {
+            Denials::new(self.deny_cache)
+        };
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 namespace: Namespace::new(&self.name),

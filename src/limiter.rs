@@ -22,9 +22,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-pub(crate) type AsyncKeyFn = dyn Fn(&Parts) -> BoxFuture<Result<Option<Key>, KeyError>> + Send + Sync;
+pub(crate) type AsyncKeyFn =
+    dyn Fn(&Parts) -> BoxFuture<Result<Option<Key>, KeyError>> + Send + Sync;
 pub(crate) type PolicyFn = dyn Fn(&Parts, &Key) -> Policy + Send + Sync;
-pub(crate) type AsyncPolicyFn = dyn Fn(&Parts, Key) -> BoxFuture<Result<Policy, KeyError>> + Send + Sync;
+pub(crate) type AsyncPolicyFn =
+    dyn Fn(&Parts, Key) -> BoxFuture<Result<Policy, KeyError>> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 pub(crate) type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
@@ -134,7 +136,8 @@ pub(crate) enum Verdict {
 
 impl Limiter {
     pub(crate) fn metrics(&self) -> &Metrics {
-        self.metrics.get_or_init(|| Metrics::new(self.namespace.name()))
+        self.metrics
+            .get_or_init(|| Metrics::new(self.namespace.name()))
     }
 
     pub(crate) fn cost(&self, parts: &Parts) -> u64 {
@@ -154,7 +157,13 @@ impl Limiter {
 
     /// Starts the one store call of a request (or answers from the deny cache,
     /// or from the open breaker, without calling the store).
-    pub(crate) fn charge(&self, key: Key, policy: Policy, cost: u64, now_ms: u64) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
+    pub(crate) fn charge(
+        &self,
+        key: Key,
+        policy: Policy,
+        cost: u64,
+        now_ms: u64,
+    ) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
         let pending = |source| Pending {
             key,
             policy: policy.clone(),
@@ -176,8 +185,16 @@ impl Limiter {
         }
         match self.breaker.admit(now_ms) {
             Admit::Call => {}
-            Admit::Probe => self.metrics().breaker_state.set(BreakerState::HalfOpen as u8 as f64),
-            Admit::Reject => return (StoreFuture::ready(Err(StoreError::CircuitOpen)), pending(Source::Breaker)),
+            Admit::Probe => self
+                .metrics()
+                .breaker_state
+                .set(BreakerState::HalfOpen as u8 as f64),
+            Admit::Reject => {
+                return (
+                    StoreFuture::ready(Err(StoreError::CircuitOpen)),
+                    pending(Source::Breaker),
+                )
+            }
         }
         let mut fut = self.store.charge(&self.call(&key, &policy, cost, now_ms));
         let started = match fut.now_or_never() {
@@ -202,14 +219,20 @@ impl Limiter {
                 Ok(_) => {
                     if self.breaker.success() {
                         m.breaker_state.set(BreakerState::Closed as u8 as f64);
-                        tracing::info!(limiter = self.namespace.name(), "rate limit store answers again; circuit closed");
+                        tracing::info!(
+                            limiter = self.namespace.name(),
+                            "rate limit store answers again; circuit closed"
+                        );
                     }
                 }
                 Err(StoreError::Full { .. }) => {}
                 Err(_) => {
                     if self.breaker.failure(p.now_ms) {
                         m.breaker_state.set(BreakerState::Open as u8 as f64);
-                        tracing::warn!(limiter = self.namespace.name(), "rate limit store keeps failing; circuit opened");
+                        tracing::warn!(
+                            limiter = self.namespace.name(),
+                            "rate limit store keeps failing; circuit opened"
+                        );
                     }
                 }
             }
@@ -229,11 +252,17 @@ impl Limiter {
             Ok(decision) => self.reject(p, decision),
             Err(StoreError::Full { retry_at_ms, .. }) => {
                 self.log.event(&self.log.store_error, || {
-                    tracing::warn!(limiter = self.namespace.name(), "memory store is at its key cap; new keys are refused (503)");
+                    tracing::warn!(
+                        limiter = self.namespace.name(),
+                        "memory store is at its key cap; new keys are refused (503)"
+                    );
                 });
                 m.store_error("full");
                 let wait = headers::ceil_secs(retry_at_ms.saturating_sub(p.now_ms));
-                Verdict::Answer(response::unavailable(wait, "the rate limiter is tracking its maximum number of clients"))
+                Verdict::Answer(response::unavailable(
+                    wait,
+                    "the rate limiter is tracking its maximum number of clients",
+                ))
             }
             Err(err) => self.store_failed(p, err),
         }
@@ -241,7 +270,12 @@ impl Limiter {
 
     fn reject(&self, p: Pending, decision: Decision) -> Verdict {
         let m = self.metrics();
-        let name = p.policy.quotas().get(decision.binding()).map(|q| q.name()).unwrap_or_default();
+        let name = p
+            .policy
+            .quotas()
+            .get(decision.binding())
+            .map(|q| q.name())
+            .unwrap_or_default();
         if self.shadow {
             m.shadow_rejected.increment(1);
             self.log.event(&self.log.rejected, || {
@@ -265,7 +299,13 @@ impl Limiter {
             decision: &decision,
             policy_name: &name,
         });
-        headers::apply(self.headers, &p.policy, &decision, p.now_ms, res.headers_mut());
+        headers::apply(
+            self.headers,
+            &p.policy,
+            &decision,
+            p.now_ms,
+            res.headers_mut(),
+        );
         Verdict::Answer(res)
     }
 
@@ -283,11 +323,17 @@ impl Limiter {
             }
             OnStoreError::FailClosed => {
                 m.fail_closed.increment(1);
-                Verdict::Answer(response::unavailable(1, "the rate limiter cannot reach its store"))
+                Verdict::Answer(response::unavailable(
+                    1,
+                    "the rate limiter cannot reach its store",
+                ))
             }
             OnStoreError::Local { fraction } => {
                 m.fail_local.increment(1);
-                let local = self.fallback.as_ref().expect("a local fallback store is built with OnStoreError::Local");
+                let local = self
+                    .fallback
+                    .as_ref()
+                    .expect("a local fallback store is built with OnStoreError::Local");
                 let policy = p.policy.scaled(fraction);
                 let result = local
                     .charge(&self.call(&p.key, &policy, p.cost, p.now_ms))
@@ -308,7 +354,10 @@ impl Limiter {
                         local: true,
                     })),
                     Ok(decision) => self.reject(p, decision),
-                    Err(_) => Verdict::Answer(response::unavailable(1, "the rate limiter cannot reach its store")),
+                    Err(_) => Verdict::Answer(response::unavailable(
+                        1,
+                        "the rate limiter cannot reach its store",
+                    )),
                 }
             }
         }
@@ -328,14 +377,25 @@ impl Limiter {
 
     /// After the inner service answered: refund if the response is free, then
     /// write the headers (showing the refunded remaining).
-    pub(crate) fn finish(self: &Arc<Self>, mut charged: Charged, status: StatusCode, headers: &mut HeaderMap) {
+    pub(crate) fn finish(
+        self: &Arc<Self>,
+        mut charged: Charged,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+    ) {
         if (self.refund)(status, headers) {
             self.spawn_refund(&charged);
             for s in charged.decision.statuses_mut() {
                 *s = crate::algorithm::refunded_status(*s, charged.cost);
             }
         }
-        headers::apply(self.headers, &charged.policy, &charged.decision, charged.now_ms, headers);
+        headers::apply(
+            self.headers,
+            &charged.policy,
+            &charged.decision,
+            charged.now_ms,
+            headers,
+        );
     }
 
     fn spawn_refund(self: &Arc<Self>, c: &Charged) {
@@ -394,7 +454,11 @@ impl LogThrottle {
     pub(crate) fn event(&self, last: &AtomicU64, log: impl FnOnce()) {
         let now = crate::clock::SystemClock.now_ms_coarse();
         let prev = last.load(Ordering::Relaxed);
-        if now >= prev + 1_000 && last.compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        if now >= prev + 1_000
+            && last
+                .compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             log();
         }
     }

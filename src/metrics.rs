@@ -41,9 +41,7 @@ impl Metrics {
     pub(crate) fn new(name: &str) -> Self {
         let l = name.to_owned();
         let decision = |outcome: &'static str| counter!("ratelimit_decisions_total", "limiter" => l.clone(), "outcome" => outcome);
-        let failure = |action: &'static str| {
-            counter!("ratelimit_store_failure_decisions_total", "limiter" => l.clone(), "action" => action)
-        };
+        let failure = |action: &'static str| counter!("ratelimit_store_failure_decisions_total", "limiter" => l.clone(), "action" => action);
         Self {
             name: Arc::from(name),
             allowed: decision("allowed"),

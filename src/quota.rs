@@ -233,7 +233,9 @@ impl Policy {
                 ..q.clone()
             })
             .collect();
-        Policy { quotas: quotas.into() }
+        Policy {
+            quotas: quotas.into(),
+        }
     }
 }
 

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{Charge, Namespace, RedisStore, Refund, Store, StoreFuture};
-use tower_ratelimit::{CircuitBreaker, Decision, DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError};
+use tower_ratelimit::{
+    CircuitBreaker, Decision, DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError,
+};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 /// Generous slack over the store timeout: this checks that nothing hangs, not speed.
@@ -34,7 +36,11 @@ fn app(calls: Arc<AtomicUsize>) -> Router {
     )
 }
 
-fn builder(store: impl Store, limit: u64, clock: &ManualClock) -> tower_ratelimit::RateLimitLayerBuilder {
+fn builder(
+    store: impl Store,
+    limit: u64,
+    clock: &ManualClock,
+) -> tower_ratelimit::RateLimitLayerBuilder {
     RateLimitLayer::builder()
         .quota(Quota::new(limit, Duration::from_secs(60)).unwrap())
         .key(Header::try_new("x-client").unwrap())
@@ -53,10 +59,13 @@ fn fast_store(url: String) -> RedisStore {
 }
 
 /// A GET that must be answered well within the timeout (fails instead of hanging).
-async fn get(c: &HttpClient, url: &str, client: &str) -> Reply {
-    tokio::time::timeout(TIMEOUT + HANG, c.get_with(url, &[("x-client", client.as_bytes())]))
-        .await
-        .unwrap_or_else(|_| panic!("request hung past the store timeout"))
+async fn fetch(c: &HttpClient, url: &str, client: &str) -> Reply {
+    tokio::time::timeout(
+        TIMEOUT + HANG,
+        c.get_with(url, &[("x-client", client.as_bytes())]),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("request hung past the store timeout"))
 }
 
 /// Whether the store decided this response (it carries rate-limit headers).
@@ -65,23 +74,31 @@ fn limited(r: &Reply) -> bool {
 }
 
 #[tokio::test]
-async fn a_frozen_redis_is_answered_per_policy_within_the_timeout_and_limiting_resumes_after_sigcont() {
+async fn a_frozen_redis_is_answered_per_policy_within_the_timeout_and_limiting_resumes_after_sigcont(
+) {
     if !require_redis() {
         return;
     }
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
-    for (policy, want) in [(OnStoreError::FailOpen, StatusCode::OK), (OnStoreError::FailClosed, StatusCode::SERVICE_UNAVAILABLE)] {
+    for (policy, want) in [
+        (OnStoreError::FailOpen, StatusCode::OK),
+        (OnStoreError::FailClosed, StatusCode::SERVICE_UNAVAILABLE),
+    ] {
         let calls = Arc::new(AtomicUsize::new(0));
         let l = builder(fast_store(server.url()), 1_000_000, &clock)
             .on_store_error(policy)
-            .circuit_breaker(CircuitBreaker::new().failures(3).cooldown(Duration::from_millis(200)))
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .failures(3)
+                    .cooldown(Duration::from_millis(200)),
+            )
             .build()
             .unwrap();
         let http = TestServer::start(app(calls.clone()).layer(l)).await;
         let c = HttpClient::new();
         let url = http.url("/");
-        assert!(limited(&get(&c, &url, "a").await));
+        assert!(limited(&fetch(&c, &url, "a").await));
 
         server.pause();
         // Under load: 8 concurrent clients for 40 requests each, all answered per policy.
@@ -90,7 +107,7 @@ async fn a_frozen_redis_is_answered_per_policy_within_the_timeout_and_limiting_r
             let (c, url) = (c.clone(), url.clone());
             tasks.push(tokio::spawn(async move {
                 for _ in 0..40 {
-                    let r = get(&c, &url, &format!("c{t}")).await;
+                    let r = fetch(&c, &url, &format!("c{t}")).await;
                     assert_eq!(r.status, want, "{policy:?}");
                     assert!(!limited(&r), "no rate-limit headers without a store answer");
                 }
@@ -102,11 +119,16 @@ async fn a_frozen_redis_is_answered_per_policy_within_the_timeout_and_limiting_r
         server.resume();
         let resumed = Instant::now();
         loop {
-            let r = get(&c, &url, "a").await;
+            let r = fetch(&c, &url, "a").await;
             if r.status == StatusCode::OK && limited(&r) {
                 break;
             }
-            assert!(resumed.elapsed() < Duration::from_secs(1), "limiting did not resume within a second");
+            assert!(
+                resumed.elapsed() < Duration::from_secs(1),
+                "limiting did not resume within a second"
+            );
+            // The breaker's cool-down runs on the layer's clock.
+            clock.advance(Duration::from_millis(50));
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -128,27 +150,35 @@ async fn a_killed_and_restarted_redis_is_answered_per_policy_and_the_limiter_rec
     let http = TestServer::start(app(calls.clone()).layer(l)).await;
     let c = HttpClient::new();
     let url = http.url("/");
-    assert_eq!(get(&c, &url, "a").await.status, StatusCode::OK);
+    assert_eq!(fetch(&c, &url, "a").await.status, StatusCode::OK);
     server.stop();
     for _ in 0..20 {
-        assert_eq!(get(&c, &url, "a").await.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            fetch(&c, &url, "a").await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
     server.restart();
     // A fresh Redis has no scripts and no state: the scripts are reloaded and a
     // new window opens.
     let deadline = Instant::now() + Duration::from_secs(10);
     let r = loop {
-        let r = get(&c, &url, "a").await;
+        let r = fetch(&c, &url, "a").await;
         if limited(&r) {
             break r;
         }
         assert!(Instant::now() < deadline, "did not recover");
+        clock.advance(Duration::from_millis(50));
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 2);
-    assert_eq!(get(&c, &url, "a").await.status, StatusCode::OK);
-    assert_eq!(get(&c, &url, "a").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(fetch(&c, &url, "a").await.status, StatusCode::OK);
+    assert_eq!(fetch(&c, &url, "a").await.status, StatusCode::OK);
+    assert_eq!(
+        fetch(&c, &url, "a").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 /// Charges through a store and returns the error, or panics if it succeeded.
@@ -164,7 +194,10 @@ async fn store_error(store: &RedisStore, key: &str) -> StoreError {
         now_ms: SystemClock.now_ms(),
         timeout: Duration::from_millis(500),
     };
-    match tokio::time::timeout(HANG, store.charge(&call)).await.expect("the store call hung") {
+    match tokio::time::timeout(HANG, store.charge(&call))
+        .await
+        .expect("the store call hung")
+    {
         Ok(d) => panic!("expected a store error, got {d:?}"),
         Err(e) => e,
     }
@@ -175,12 +208,15 @@ async fn oom_under_noeviction_is_a_store_error_never_a_429() {
     if !require_redis() {
         return;
     }
-    let server = RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]);
-    // Fill memory until Redis refuses writes.
-    let blob = "x".repeat(64 * 1024);
-    for i in 0..1_000 {
-        if let redis_support::Resp::Error(_) = server.cmd(&["SET", &format!("junk{i}"), &blob]) {
-            break;
+    let server =
+        RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]);
+    // Fill memory until Redis refuses even a small write.
+    let mut i = 0;
+    for size in [64 * 1024, 4096, 256, 16] {
+        let blob = "x".repeat(size);
+        while !server.cmd(&["SET", &format!("junk{i}"), &blob]).is_error() {
+            i += 1;
+            assert!(i < 100_000, "Redis never ran out of memory");
         }
     }
     let store = RedisStore::new(server.url()).unwrap();
@@ -188,11 +224,17 @@ async fn oom_under_noeviction_is_a_store_error_never_a_429() {
     assert_eq!(e.kind(), "oom", "{e}");
     // Through the layer: the failure policy answers, never a 429.
     let clock = ManualClock::new(SystemClock.now_ms());
-    let l = builder(store, 1, &clock).on_store_error(OnStoreError::FailClosed).build().unwrap();
+    let l = builder(store, 1, &clock)
+        .on_store_error(OnStoreError::FailClosed)
+        .build()
+        .unwrap();
     let http = TestServer::start(app(Arc::new(AtomicUsize::new(0))).layer(l)).await;
     let c = HttpClient::new();
     for _ in 0..3 {
-        assert_eq!(get(&c, &http.url("/"), "a").await.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            fetch(&c, &http.url("/"), "a").await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }
 
@@ -207,7 +249,9 @@ async fn busy_from_a_long_script_is_a_store_error() {
     store.eviction_policy().await.unwrap();
     let blocker = {
         let server = server.clone_client();
-        std::thread::spawn(move || server.cmd(&["EVAL", "local i = 0 while true do i = i + 1 end", "0"]))
+        std::thread::spawn(move || {
+            server.cmd(&["EVAL", "local i = 0 while true do i = i + 1 end", "0"])
+        })
     };
     // Wait until the script runs: then other clients get BUSY.
     let deadline = Instant::now() + HANG;
@@ -243,7 +287,9 @@ async fn readonly_from_a_demoted_primary_is_a_store_error_and_the_connection_is_
         timeout: Duration::from_millis(500),
     };
     assert!(store.charge(&charge()).await.unwrap().is_allowed());
-    let connections_before = primary.info_section("stats")["total_connections_received"].parse::<u64>().unwrap();
+    let connections_before = primary.info_section("stats")["total_connections_received"]
+        .parse::<u64>()
+        .unwrap();
     // Demote the primary: FAILOVER hands the role to its replica.
     primary.cmd(&["FAILOVER"]);
     primary.wait_for_role("slave");
@@ -253,8 +299,13 @@ async fn readonly_from_a_demoted_primary_is_a_store_error_and_the_connection_is_
     primary.cmd(&["REPLICAOF", "NO", "ONE"]);
     primary.wait_for_role("master");
     assert!(store.charge(&charge()).await.unwrap().is_allowed());
-    let connections_after = primary.info_section("stats")["total_connections_received"].parse::<u64>().unwrap();
-    assert!(connections_after > connections_before, "the READONLY connection was reused");
+    let connections_after = primary.info_section("stats")["total_connections_received"]
+        .parse::<u64>()
+        .unwrap();
+    assert!(
+        connections_after > connections_before,
+        "the READONLY connection was reused"
+    );
 }
 
 #[tokio::test]
@@ -306,51 +357,72 @@ async fn with_the_breaker_open_requests_make_no_store_call() {
     };
     let clock = ManualClock::new(SystemClock.now_ms());
     let l = builder(store, 10, &clock)
-        .circuit_breaker(CircuitBreaker::new().failures(3).cooldown(Duration::from_secs(1)))
+        .circuit_breaker(
+            CircuitBreaker::new()
+                .failures(3)
+                .cooldown(Duration::from_secs(1)),
+        )
         .build()
         .unwrap();
     let http = TestServer::start(app(Arc::new(AtomicUsize::new(0))).layer(l)).await;
     let c = HttpClient::new();
     for _ in 0..100 {
-        assert_eq!(get(&c, &http.url("/"), "a").await.status, StatusCode::OK, "fail open");
+        assert_eq!(
+            fetch(&c, &http.url("/"), "a").await.status,
+            StatusCode::OK,
+            "fail open"
+        );
     }
-    assert_eq!(charges.load(Ordering::SeqCst), 3, "three failures open the breaker; then no calls");
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        3,
+        "three failures open the breaker; then no calls"
+    );
     // After the cool-down, exactly one probe goes through (and fails again).
     clock.advance(Duration::from_secs(1));
     for _ in 0..10 {
-        get(&c, &http.url("/"), "a").await;
+        fetch(&c, &http.url("/"), "a").await;
     }
     assert_eq!(charges.load(Ordering::SeqCst), 4);
     // Redis returns: the next probe closes the breaker and limiting resumes.
     server.restart();
     clock.advance(Duration::from_secs(1));
-    assert!(limited(&get(&c, &http.url("/"), "a").await));
-    assert!(limited(&get(&c, &http.url("/"), "a").await));
+    assert!(limited(&fetch(&c, &http.url("/"), "a").await));
+    assert!(limited(&fetch(&c, &http.url("/"), "a").await));
     assert_eq!(charges.load(Ordering::SeqCst), 6);
 }
 
 #[tokio::test]
-async fn the_deny_cache_turns_a_hammering_client_into_one_store_call_per_window_with_identical_headers() {
+async fn the_deny_cache_turns_a_hammering_client_into_one_store_call_per_window_with_identical_headers(
+) {
     if !require_redis() {
         return;
     }
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let quota = 10;
-    let l = builder(RedisStore::new(server.url()).unwrap(), quota, &clock).build().unwrap();
+    let l = builder(RedisStore::new(server.url()).unwrap(), quota, &clock)
+        .build()
+        .unwrap();
     let http = TestServer::start(app(Arc::new(AtomicUsize::new(0))).layer(l)).await;
     let c = HttpClient::new();
     let url = http.url("/");
-    get(&c, &url, "warmup").await;
+    fetch(&c, &url, "warmup").await;
     server.config_resetstat();
     let mut first_rejection: Option<Reply> = None;
     for _ in 0..10 * quota {
-        let r = get(&c, &url, "hammer").await;
+        let r = fetch(&c, &url, "hammer").await;
         if r.status == StatusCode::TOO_MANY_REQUESTS {
             match &first_rejection {
                 None => first_rejection = Some(r),
                 Some(first) => {
-                    for h in ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "x-ratelimit-used", "retry-after"] {
+                    for h in [
+                        "x-ratelimit-limit",
+                        "x-ratelimit-remaining",
+                        "x-ratelimit-reset",
+                        "x-ratelimit-used",
+                        "retry-after",
+                    ] {
                         assert_eq!(r.header(h), first.header(h), "{h}");
                     }
                     assert_eq!(r.body, first.body);
@@ -363,7 +435,7 @@ async fn the_deny_cache_turns_a_hammering_client_into_one_store_call_per_window_
     assert_eq!(server.command_calls("evalsha"), quota + 1);
     // Next window: one more store call opens it.
     clock.advance(Duration::from_secs(60));
-    assert_eq!(get(&c, &url, "hammer").await.status, StatusCode::OK);
+    assert_eq!(fetch(&c, &url, "hammer").await.status, StatusCode::OK);
     assert_eq!(server.command_calls("evalsha"), quota + 2);
 }
 
@@ -380,10 +452,10 @@ async fn without_the_deny_cache_every_rejection_is_a_store_call() {
         .unwrap();
     let http = TestServer::start(app(Arc::new(AtomicUsize::new(0))).layer(l)).await;
     let c = HttpClient::new();
-    get(&c, &http.url("/"), "warmup").await;
+    fetch(&c, &http.url("/"), "warmup").await;
     server.config_resetstat();
     for _ in 0..100 {
-        get(&c, &http.url("/"), "hammer").await;
+        fetch(&c, &http.url("/"), "hammer").await;
     }
     assert_eq!(server.command_calls("evalsha"), 100);
 }
@@ -394,22 +466,29 @@ fn snapshotter() -> &'static Snapshotter {
     S.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let s = recorder.snapshotter();
-        recorder.install().expect("no other recorder in this test binary");
+        recorder
+            .install()
+            .expect("no other recorder in this test binary");
         s
     })
 }
 
-fn counter(name: &str, limiter: &str) -> u64 {
-    snapshotter()
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == name && k.key().labels().any(|l| l.key() == "limiter" && l.value() == limiter))
-        .map(|(.., v)| match v {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum()
+/// Every counter of `limiter`, by name, from one snapshot (a snapshot drains counters).
+fn counters(limiter: &str) -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
+    for (k, _, _, v) in snapshotter().snapshot().into_vec() {
+        if !k
+            .key()
+            .labels()
+            .any(|l| l.key() == "limiter" && l.value() == limiter)
+        {
+            continue;
+        }
+        if let DebugValue::Counter(n) = v {
+            *out.entry(k.key().name().to_owned()).or_default() += n;
+        }
+    }
+    out
 }
 
 #[tokio::test]
@@ -429,11 +508,19 @@ async fn shadow_mode_lets_every_request_through_and_counts_the_would_be_rejectio
     let http = TestServer::start(app(calls.clone()).layer(l)).await;
     let c = HttpClient::new();
     for _ in 0..25 {
-        assert_eq!(get(&c, &http.url("/"), "a").await.status, StatusCode::OK);
+        assert_eq!(fetch(&c, &http.url("/"), "a").await.status, StatusCode::OK);
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 25, "the inner service saw every request");
-    assert_eq!(counter("ratelimit_shadow_rejections_total", "shadow-test"), 18);
-    assert_eq!(counter("ratelimit_decisions_total", "shadow-test"), 7, "7 allowed, nothing rejected");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        25,
+        "the inner service saw every request"
+    );
+    let counts = counters("shadow-test");
+    assert_eq!(counts["ratelimit_shadow_rejections_total"], 18);
+    assert_eq!(
+        counts["ratelimit_decisions_total"], 7,
+        "7 allowed, nothing rejected"
+    );
 }
 
 #[tokio::test]
@@ -441,13 +528,17 @@ async fn an_allkeys_lru_redis_is_warned_about_and_evicted_state_reads_as_a_fresh
     if !require_redis() {
         return;
     }
-    let server = RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]);
+    let server =
+        RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]);
     let logs = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     let writer = {
         let logs = logs.clone();
         move || LogWriter(logs.clone())
     };
-    let subscriber = tracing_subscriber::fmt().with_writer(writer).with_ansi(false).finish();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_ansi(false)
+        .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let store = RedisStore::new(server.url()).unwrap();
@@ -467,7 +558,10 @@ async fn an_allkeys_lru_redis_is_warned_about_and_evicted_state_reads_as_a_fresh
         store.charge(&call(t0)).await.unwrap();
     }
     let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
-    assert!(text.contains("maxmemory-policy") && text.contains("allkeys-lru"), "no warning in {text:?}");
+    assert!(
+        text.contains("maxmemory-policy") && text.contains("allkeys-lru"),
+        "no warning in {text:?}"
+    );
 
     // Memory pressure: junk evicts the limiter key.
     let redis_key = store.redis_key(&ns, &key);
@@ -481,7 +575,11 @@ async fn an_allkeys_lru_redis_is_warned_about_and_evicted_state_reads_as_a_fresh
     let d = store.charge(&call(t0 + 5)).await.unwrap();
     assert!(d.is_allowed());
     assert_eq!(d.statuses()[0].remaining, 9, "a fresh window, not an error");
-    assert_eq!(d.statuses()[0].reset_ms, t0 + 5 + 60_000, "the new window's own reset");
+    assert_eq!(
+        d.statuses()[0].reset_ms,
+        t0 + 5 + 60_000,
+        "the new window's own reset"
+    );
 }
 
 #[derive(Clone)]

@@ -60,7 +60,7 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -658,7 +658,7 @@ pub struct RedisServer {
     /// Extra args (after the harness' own), reused by `restart()`.
     args: Vec<String>,
     cluster: bool,
-    paused: bool,
+    paused: AtomicBool,
 }
 
 impl RedisServer {
@@ -707,7 +707,7 @@ impl RedisServer {
                 dir: make_temp_dir(port),
                 args: args.clone(),
                 cluster,
-                paused: false,
+                paused: AtomicBool::new(false),
             };
             match server.boot() {
                 Ok(()) => return server,
@@ -781,7 +781,7 @@ impl RedisServer {
             .map_err(|e| BootError::Fatal(format!("cannot spawn {}: {e}", redis_server_bin())))?;
         self.pid = child.id();
         self.child = Some(child);
-        self.paused = false;
+        self.paused.store(false, Ordering::SeqCst);
         self.watchdog = spawn_watchdog(self.pid, self.port, &self.dir);
         self.wait_ready()
     }
@@ -874,7 +874,7 @@ impl RedisServer {
     }
 
     pub fn is_paused(&self) -> bool {
-        self.paused
+        self.paused.load(Ordering::SeqCst)
     }
 
     /// The server's `--dir`.
@@ -1067,7 +1067,7 @@ impl RedisServer {
             let _ = child.kill(); // SIGKILL; works on SIGSTOPped processes too
             let _ = child.wait();
         }
-        self.paused = false;
+        self.paused.store(false, Ordering::SeqCst);
         self.kill_watchdog();
     }
 
@@ -1109,13 +1109,14 @@ impl RedisServer {
         }
     }
 
-    /// SIGSTOP: the server keeps its sockets but answers nothing until
-    /// [`RedisServer::resume`]. Waits until the kernel reports it stopped.
+    /// SIGSTOP: the server keeps its sockets (the kernel still accepts
+    /// connections) but answers nothing until [`RedisServer::resume`].
+    /// Waits until the kernel reports the process stopped.
     #[track_caller]
-    pub fn pause(&mut self) {
+    pub fn pause(&self) {
         assert!(self.child.is_some(), "pause(): server is not running");
         send_signal(self.pid, "STOP");
-        self.paused = true;
+        self.paused.store(true, Ordering::SeqCst);
         let pid = self.pid;
         if proc_state(pid).is_some() {
             wait_until(
@@ -1129,16 +1130,102 @@ impl RedisServer {
 
     /// SIGCONT, then waits until the server answers PING again.
     #[track_caller]
-    pub fn resume(&mut self) {
+    pub fn resume(&self) {
         assert!(self.child.is_some(), "resume(): server is not running");
         send_signal(self.pid, "CONT");
-        self.paused = false;
+        self.paused.store(false, Ordering::SeqCst);
         wait_until(
             START_TIMEOUT,
             "PING after SIGCONT",
             || self.ping().then_some(()),
             || self.describe(),
         );
+    }
+
+    /// Polls `INFO replication` until `role` is `role` (`"master"`, or
+    /// `"slave"`/`"replica"`), e.g. after `FAILOVER` or `REPLICAOF NO ONE`.
+    #[track_caller]
+    pub fn wait_for_role(&self, role: &str) {
+        let want = if role == "replica" { "slave" } else { role };
+        wait_until(
+            SYNC_TIMEOUT,
+            &format!("127.0.0.1:{} to report role:{want}", self.port),
+            || (self.role().as_deref() == Some(want)).then_some(()),
+            || {
+                format!(
+                    "INFO replication: {:?}\n{}",
+                    self.try_cmd(&["INFO", "replication"]).ok(),
+                    self.describe()
+                )
+            },
+        );
+    }
+
+    /// A cheap, `Clone + Send` handle for sending commands from other threads
+    /// (e.g. a blocking `EVAL` in a spawned thread). It does not own the process.
+    pub fn clone_client(&self) -> RedisClient {
+        RedisClient {
+            addr: self.addr(),
+            log_path: self.log_path(),
+        }
+    }
+}
+
+/// Command handle to a [`RedisServer`] that can move to other threads; see
+/// [`RedisServer::clone_client`]. Each command uses a fresh connection.
+#[derive(Clone, Debug)]
+pub struct RedisClient {
+    addr: SocketAddr,
+    log_path: PathBuf,
+}
+
+impl RedisClient {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.addr.port())
+    }
+
+    /// A new connection (panics if it cannot connect).
+    #[track_caller]
+    pub fn conn(&self) -> RespConn {
+        RespConn::connect(self.addr)
+            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.addr))
+    }
+
+    pub fn try_cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> io::Result<Resp> {
+        RespConn::connect(self.addr)?.cmd(args)
+    }
+
+    /// Like [`RedisServer::cmd`]: panics on I/O errors, not on Redis errors.
+    #[track_caller]
+    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Resp {
+        self.try_cmd(args).unwrap_or_else(|e| {
+            panic!(
+                "`{}` on {} failed: {e}\n--- tail of {} ---\n{}",
+                display_args(args),
+                self.addr,
+                self.log_path.display(),
+                file_tail(&self.log_path, LOG_TAIL_LINES)
+            )
+        })
+    }
+
+    /// `INFO <name>` as `key -> value`.
+    #[track_caller]
+    pub fn info_section(&self, name: &str) -> HashMap<String, String> {
+        let reply = self.cmd(&["INFO", name]);
+        match reply.try_string() {
+            Some(text) => parse_info(&text),
+            None => panic!("INFO {name} returned {reply:?}"),
+        }
     }
 }
 
@@ -1163,7 +1250,7 @@ impl fmt::Debug for RedisServer {
             .field("pid", &self.pid)
             .field("dir", &self.dir)
             .field("running", &self.child.is_some())
-            .field("paused", &self.paused)
+            .field("paused", &self.is_paused())
             .finish()
     }
 }
@@ -1633,7 +1720,11 @@ impl Cluster {
     pub fn wait_state_ok(&self) {
         let problems = || -> Vec<String> {
             let mut problems = Vec::new();
-            for n in self.nodes.iter().filter(|n| n.child.is_some() && !n.paused) {
+            for n in self
+                .nodes
+                .iter()
+                .filter(|n| n.child.is_some() && !n.is_paused())
+            {
                 let info = n
                     .try_cmd(&["CLUSTER", "INFO"])
                     .ok()
@@ -1666,7 +1757,9 @@ impl Cluster {
                                 _ => None,
                             };
                             let up = self.nodes.iter().any(|x| {
-                                Some(i64::from(x.port())) == port && x.child.is_some() && !x.paused
+                                Some(i64::from(x.port())) == port
+                                    && x.child.is_some()
+                                    && !x.is_paused()
                             });
                             if up {
                                 served +=
@@ -1733,7 +1826,7 @@ impl Cluster {
 
     fn indices_with_role(&self, role: &str) -> Vec<usize> {
         (0..self.nodes.len())
-            .filter(|&i| self.nodes[i].child.is_some() && !self.nodes[i].paused)
+            .filter(|&i| self.nodes[i].child.is_some() && !self.nodes[i].is_paused())
             .filter(|&i| self.nodes[i].role().as_deref() == Some(role))
             .collect()
     }
@@ -1770,7 +1863,7 @@ impl Cluster {
     pub fn command_calls(&self, cmd: &str) -> u64 {
         self.nodes
             .iter()
-            .filter(|n| n.child.is_some() && !n.paused)
+            .filter(|n| n.child.is_some() && !n.is_paused())
             .map(|n| n.command_calls(cmd))
             .sum()
     }
@@ -1779,7 +1872,7 @@ impl Cluster {
     pub fn config_resetstat(&self) {
         self.nodes
             .iter()
-            .filter(|n| n.child.is_some() && !n.paused)
+            .filter(|n| n.child.is_some() && !n.is_paused())
             .for_each(RedisServer::config_resetstat);
     }
 
@@ -1851,7 +1944,7 @@ impl Cluster {
             }
             self.nodes
                 .iter()
-                .filter(|n| n.child.is_some() && !n.paused)
+                .filter(|n| n.child.is_some() && !n.is_paused())
                 .all(|n| {
                     let state_ok = n
                         .try_cmd(&["CLUSTER", "INFO"])
