@@ -250,19 +250,36 @@ async fn busy_from_a_long_script_is_a_store_error() {
     let blocker = {
         let server = server.clone_client();
         std::thread::spawn(move || {
-            server.cmd(&["EVAL", "local i = 0 while true do i = i + 1 end", "0"])
+            server.try_cmd(&["EVAL", "local i = 0 while true do i = i + 1 end", "0"])
         })
     };
-    // Wait until the script runs: then other clients get BUSY.
+    // Until the script runs, charges succeed; then every call gets BUSY.
+    let ns = Namespace::new("faults");
+    let policy = Policy::new(Quota::new(1_000_000, Duration::from_secs(60)).unwrap());
+    let key = Key::new("busy");
     let deadline = Instant::now() + HANG;
     let e = loop {
-        let e = store_error(&store, "busy").await;
-        if e.kind() == "busy" || Instant::now() > deadline {
-            break e;
+        let call = Charge {
+            namespace: &ns,
+            key: &key,
+            policy: &policy,
+            cost: 1,
+            now_ms: SystemClock.now_ms(),
+            timeout: Duration::from_millis(500),
+        };
+        match tokio::time::timeout(HANG, store.charge(&call))
+            .await
+            .expect("the store call hung")
+        {
+            Err(e) => break e,
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "the long script never made Redis busy"
+            ),
         }
     };
     assert_eq!(e.kind(), "busy", "{e}");
-    server.clone_client().cmd(&["SCRIPT", "KILL"]);
+    let _ = server.clone_client().try_cmd(&["SCRIPT", "KILL"]);
     let _ = blocker.join();
 }
 
