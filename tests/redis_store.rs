@@ -76,6 +76,7 @@ async fn one_command_per_allowed_or_rejected_request_and_two_per_refunded_304() 
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let store = RedisStore::new(server.url()).unwrap();
+    let warm_key = store.redis_key(&Namespace::new("default"), &Key::new("warmup"));
     let http =
         TestServer::start(app().layer(layer(store, 100, Duration::from_secs(60), &clock))).await;
     let c = HttpClient::new();
@@ -84,6 +85,18 @@ async fn one_command_per_allowed_or_rejected_request_and_two_per_refunded_304() 
     for _ in 0..4 {
         c.get_with(&url, &[("x-client", b"warmup")]).await;
     }
+    // ... and load the refund script too (its first EVALSHA answers NOSCRIPT).
+    c.get_with(&http.url("/not-modified"), &[("x-client", b"warmup")])
+        .await;
+    // Its refund has landed once the warm-up key is back to 4 units.
+    let refunded = || {
+        server
+            .cmd(&["HGET", &warm_key, "fw60000c"])
+            .try_string()
+            .as_deref()
+            == Some("4")
+    };
+    assert!(eventually(Duration::from_secs(10), refunded).await);
     server.config_resetstat();
 
     let monitor = server.monitor();
