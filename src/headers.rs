@@ -80,6 +80,12 @@ pub(crate) fn apply(
 }
 
 fn github(s: &QuotaStatus, headers: &mut HeaderMap) {
+    // Stacked limiters (a rate limit around a concurrency limit, a global one
+    // around a per-route one): these headers describe one limit, so the most
+    // restrictive wins, and an inner limiter's rejection keeps its own numbers.
+    if remaining_already_reported(headers).is_some_and(|r| r <= s.remaining) {
+        return;
+    }
     headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(s.limit));
     headers.insert(
         X_RATELIMIT_REMAINING.clone(),
@@ -111,17 +117,34 @@ fn ietf(policy: &Policy, statuses: &[QuotaStatus], now_ms: u64, headers: &mut He
             ceil_secs(s.reset_ms.saturating_sub(now_ms))
         );
     }
-    if let Ok(v) = HeaderValue::from_str(&pol) {
-        headers.insert(RATELIMIT_POLICY.clone(), v);
-    }
-    if let Ok(v) = HeaderValue::from_str(&rl) {
-        headers.insert(RATELIMIT.clone(), v);
+    append_list(headers, &RATELIMIT_POLICY, pol);
+    append_list(headers, &RATELIMIT, rl);
+}
+
+fn remaining_already_reported(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(&X_RATELIMIT_REMAINING)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Adds members to a structured-field list header: a response can report
+/// several policies (e.g. an inner concurrency limit and this rate limit).
+pub(crate) fn append_list(headers: &mut HeaderMap, name: &HeaderName, members: String) {
+    let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => format!("{existing}, {members}"),
+        _ => members,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(name.clone(), v);
     }
 }
 
 /// An RFC 8941 sf-string: printable ASCII, with `"` and `\` escaped; other
 /// characters are dropped so a configured name can never break the header.
-fn write_sf_string(out: &mut String, s: &str) {
+pub(crate) fn write_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -177,6 +200,36 @@ mod tests {
         );
         assert_eq!(h[&RATELIMIT], r#""1s";r=4;t=1, "hour\"ly";r=990;t=2999"#);
         assert!(h.get(&X_RATELIMIT_LIMIT).is_none());
+    }
+
+    #[test]
+    fn stacked_limiters_keep_the_most_restrictive_github_numbers_and_list_every_ietf_policy() {
+        // What an inner concurrency limiter wrote on its 429.
+        let mut h = HeaderMap::new();
+        h.insert(&X_RATELIMIT_LIMIT, HeaderValue::from(5));
+        h.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(0));
+        h.insert(
+            &RATELIMIT_POLICY,
+            HeaderValue::from_static(r#""concurrency";q=5;qu="concurrent-requests""#),
+        );
+        h.insert(&RATELIMIT, HeaderValue::from_static(r#""concurrency";r=0"#));
+        let policy = Policy::new(Quota::new(60, Duration::from_secs(60)).unwrap());
+        let d = Decision::from_statuses([status(60, 42, 61_000, true, 0)], 1);
+        apply(HeaderStyle::Both, &policy, &d, 1_000, &mut h);
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "5", "the rejecting limit is reported");
+        assert_eq!(h[&X_RATELIMIT_REMAINING], "0");
+        assert!(h.get(&X_RATELIMIT_RESET).is_none());
+        assert_eq!(
+            h[&RATELIMIT_POLICY],
+            r#""concurrency";q=5;qu="concurrent-requests", "1m";q=60;w=60"#
+        );
+        assert_eq!(h[&RATELIMIT], r#""concurrency";r=0, "1m";r=42;t=60"#);
+        // A less restrictive inner report is replaced by this one.
+        let mut h = HeaderMap::new();
+        h.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(50));
+        apply(HeaderStyle::GitHub, &policy, &d, 1_000, &mut h);
+        assert_eq!(h[&X_RATELIMIT_REMAINING], "42");
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "60");
     }
 
     #[test]

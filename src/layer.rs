@@ -598,18 +598,7 @@ impl RateLimitLayerBuilder {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= 64
-            && self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !name_ok {
-            return Err(ConfigError::new(format!(
-                "limiter name {:?} must be 1 to 64 characters of [A-Za-z0-9_.-]",
-                self.name
-            )));
-        }
+        check_name(&self.name)?;
         let policy = self.policy.ok_or_else(|| {
             ConfigError::new(
                 "no quota configured: call .quota(), .policy(), .policy_fn() or .policy_async()",
@@ -658,6 +647,22 @@ impl RateLimitLayerBuilder {
                 metrics: Default::default(),
             }),
         })
+    }
+}
+
+/// A limiter's name keys its state in a shared store and labels its metrics.
+pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(format!(
+            "limiter name {name:?} must be 1 to 64 characters of [A-Za-z0-9_.-]"
+        )))
     }
 }
 

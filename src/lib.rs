@@ -22,10 +22,12 @@ mod algorithm;
 mod body;
 mod breaker;
 pub mod clock;
+pub mod concurrency;
 mod decision;
 mod deny_cache;
 mod error;
 mod future;
+mod guarded_body;
 pub mod headers;
 pub mod key;
 mod layer;
@@ -38,10 +40,12 @@ pub mod store;
 
 pub use body::ResponseBody;
 pub use breaker::CircuitBreaker;
+pub use concurrency::ConcurrencyLimitLayer;
 pub use decision::{Decision, QuotaStatus, RejectReason};
 pub use deny_cache::DenyCache;
 pub use error::{ConfigError, StoreError};
 pub use future::ResponseFuture;
+pub use guarded_body::GuardedBody;
 pub use headers::HeaderStyle;
 pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, Status, StatusError, DEFAULT_STORE_TIMEOUT,

@@ -51,7 +51,7 @@ pub enum OnStoreError {
 }
 
 impl OnStoreError {
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             OnStoreError::FailOpen => "open",
             OnStoreError::FailClosed => "closed",

@@ -72,7 +72,7 @@ pub(crate) fn unavailable(retry_after_secs: u64, detail: &str) -> Response<Bytes
     res
 }
 
-fn problem(status: StatusCode, body: String) -> Response<Bytes> {
+pub(crate) fn problem(status: StatusCode, body: String) -> Response<Bytes> {
     let mut res = Response::new(Bytes::from(body));
     *res.status_mut() = status;
     res.headers_mut().insert(
@@ -82,7 +82,7 @@ fn problem(status: StatusCode, body: String) -> Response<Bytes> {
     res
 }
 
-fn write_json_string(out: &mut String, s: &str) {
+pub(crate) fn write_json_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {

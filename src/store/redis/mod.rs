@@ -20,6 +20,7 @@
 //! run in the background. All of a client's state is one hash under one key,
 //! so every call touches one hash slot.
 
+mod concurrency;
 mod connection;
 mod keys;
 mod scripts;

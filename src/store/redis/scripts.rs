@@ -9,3 +9,9 @@ pub(crate) static FIXED_WINDOW: LazyLock<Script> =
 
 pub(crate) static REFUND_FIXED_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/refund_fixed_window.lua")));
+
+pub(crate) static CONCURRENCY_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/concurrency_acquire.lua")));
+
+pub(crate) static CONCURRENCY_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/concurrency_release.lua")));

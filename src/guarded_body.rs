@@ -1,0 +1,110 @@
+//! [`GuardedBody`]: a response body that holds a guard (a concurrency slot, a
+//! load-shedding admission) until the response is done.
+
+use crate::body::ResponseBody;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+pin_project! {
+    /// The inner service's body (or the layer's own answer) holding a guard
+    /// `G` until the body has produced its last frame, failed, or been dropped
+    /// (a client that disconnects mid-response) — whichever comes first.
+    ///
+    /// Used by [`concurrency::ResponseBody`](crate::concurrency::ResponseBody)
+    /// and [`shed::ResponseBody`](crate::shed::ResponseBody).
+    #[derive(Debug)]
+    pub struct GuardedBody<B, G> {
+        #[pin]
+        body: ResponseBody<B>,
+        guard: Option<G>,
+    }
+}
+
+impl<B, G> GuardedBody<B, G> {
+    /// The inner service's body, holding `guard` (if any) until it ends.
+    pub(crate) fn inner(body: B, guard: Option<G>) -> Self {
+        Self {
+            body: ResponseBody::inner(body),
+            guard,
+        }
+    }
+
+    /// A body the layer wrote (a rejection); nothing is held.
+    pub(crate) fn answer(data: Bytes) -> Self {
+        Self {
+            body: ResponseBody::limiter(data),
+            guard: None,
+        }
+    }
+}
+
+impl<B, G> Body for GuardedBody<B, G>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.body.as_mut().poll_frame(cx));
+        // Release as soon as the body is done: a server may keep a finished
+        // body around (keep-alive) before dropping it.
+        let done = match &frame {
+            None | Some(Err(_)) => true,
+            Some(Ok(_)) => this.body.is_end_stream(),
+        };
+        if done {
+            this.guard.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct Guard(Arc<AtomicUsize>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_guard_is_released_once_at_the_end_of_the_body_or_when_it_is_dropped() {
+        let released = Arc::new(AtomicUsize::new(0));
+        let body = http_body_util::Full::new(Bytes::from_static(b"hello"));
+        let mut b = GuardedBody::inner(body, Some(Guard(released.clone())));
+        let frame = b.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "hello");
+        assert_eq!(released.load(Ordering::SeqCst), 1, "released at the last frame");
+        assert!(b.frame().await.is_none());
+        drop(b);
+        assert_eq!(released.load(Ordering::SeqCst), 1, "exactly once");
+
+        let released = Arc::new(AtomicUsize::new(0));
+        let body = http_body_util::Full::new(Bytes::from_static(b"unread"));
+        drop(GuardedBody::inner(body, Some(Guard(released.clone()))));
+        assert_eq!(released.load(Ordering::SeqCst), 1, "released on drop");
+    }
+}

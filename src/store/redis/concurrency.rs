@@ -1,0 +1,109 @@
+//! Fleet-wide concurrency slots: [`SlotStore`] for [`RedisStore`], one
+//! `EVALSHA` per acquire and per release (`lua/concurrency_*.lua`).
+
+use super::{invoke, keys, scripts, RedisStore};
+use crate::concurrency::{Acquire, Occupancy, Release, SlotStore};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::store::{Namespace, StoreFuture};
+
+impl RedisStore {
+    /// The Redis key holding `key`'s concurrency slots for the limiter
+    /// `namespace`: a sorted set of slot ids scored by lease expiry (Unix ms),
+    /// e.g. `trl:concurrency:{9f86d081884c7d65…}:slots`.
+    ///
+    /// ```
+    /// use tower_ratelimit::{key::Key, store::{Namespace, RedisStore}};
+    /// let store = RedisStore::new("redis://127.0.0.1").unwrap();
+    /// let k = store.slots_key(&Namespace::new("concurrency"), &Key::new("tenant-1"));
+    /// assert!(k.starts_with("trl:concurrency:{") && k.ends_with("}:slots"));
+    /// ```
+    pub fn slots_key(&self, namespace: &Namespace, key: &Key) -> String {
+        self.slot_keys(namespace, key).0
+    }
+
+    /// The slots and tombstones keys: the rate limiter's key for the same
+    /// client with a suffix, so both share one hash slot and never collide.
+    fn slot_keys(&self, namespace: &Namespace, key: &Key) -> (String, String) {
+        let base = keys::redis_key(&self.inner.prefix, namespace, key);
+        (format!("{base}:slots"), format!("{base}:released"))
+    }
+}
+
+fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError> {
+    match *reply {
+        [acquired @ (0 | 1), in_flight, now] if in_flight >= 0 && now >= 0 => {
+            if sent_now.is_some_and(|t| t != now as u64) {
+                // A reply to another call (a desynchronised connection) is caught, never used.
+                return Err(StoreError::Protocol(format!(
+                    "reply for time {now} does not belong to an acquire sent at {sent_now:?}"
+                )));
+            }
+            Ok(Occupancy {
+                acquired: acquired == 1,
+                in_flight: in_flight as u64,
+            })
+        }
+        _ => Err(StoreError::Protocol(format!(
+            "concurrency acquire script returned {reply:?}"
+        ))),
+    }
+}
+
+impl SlotStore for RedisStore {
+    fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
+        let (now, sent_now) = self.now_arg(call.now_ms);
+        let (slots, tombstones) = self.slot_keys(call.namespace, call.key);
+        let mut inv = scripts::CONCURRENCY_ACQUIRE.prepare_invoke();
+        inv.key(slots)
+            .key(tombstones)
+            .arg(now)
+            .arg(call.lease.as_millis() as u64)
+            .arg(call.limit)
+            .arg(call.id.to_string());
+        let inner = self.inner.clone();
+        let budget = call.timeout;
+        StoreFuture::pending(async move {
+            let reply: Vec<i64> = invoke(&inner.primary, &inv, budget).await?;
+            decode(sent_now, &reply)
+        })
+    }
+
+    fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
+        let (now, _) = self.now_arg(call.now_ms);
+        let (slots, tombstones) = self.slot_keys(call.namespace, call.key);
+        let mut inv = scripts::CONCURRENCY_RELEASE.prepare_invoke();
+        inv.key(slots)
+            .key(tombstones)
+            .arg(now)
+            .arg(call.lease.as_millis() as u64)
+            .arg(call.id.to_string());
+        let inner = self.inner.clone();
+        let budget = call.timeout;
+        StoreFuture::pending(async move {
+            let _released: i64 = invoke(&inner.primary, &inv, budget).await?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_that_do_not_belong_to_the_call_are_protocol_errors() {
+        assert_eq!(
+            decode(Some(5), &[1, 3, 5]).unwrap(),
+            Occupancy {
+                acquired: true,
+                in_flight: 3
+            }
+        );
+        assert!(decode(None, &[0, 2, 9]).is_ok());
+        assert!(decode(Some(5), &[1, 3, 6]).is_err(), "another call's time");
+        assert!(decode(None, &[2, 3, 5]).is_err());
+        assert!(decode(None, &[1, -1, 5]).is_err());
+        assert!(decode(None, &[1, 3]).is_err());
+    }
+}
