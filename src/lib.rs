@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod quota;
 mod response;
 mod service;
+pub mod shed;
 pub mod store;
 
 pub use body::ResponseBody;
@@ -54,6 +55,7 @@ pub use limiter::OnStoreError;
 pub use quota::{Algorithm, Policy, Quota};
 pub use response::{default_key_error, default_rejection, Rejection};
 pub use service::RateLimit;
+pub use shed::LoadShedLayer;
 
 // The README's examples are compiled and run as doc tests, so it stays true to the code.
 #[doc = include_str!("../README.md")]

@@ -13,6 +13,10 @@
 //! | `ratelimit_store_failure_decisions_total` | counter | `action` = `open`, `closed`, `local` | requests decided by the failure policy |
 //! | `ratelimit_breaker_state` | gauge | | 0 closed, 1 open, 2 half-open |
 //! | `ratelimit_refunds_total` | counter | `result` = `ok`, `failed` | refunds of free responses |
+//!
+//! The concurrency limiter and the load shedder report under their own
+//! prefixes, `concurrency_` and `load_shed_`: see [`crate::concurrency`] and
+//! [`crate::shed`].
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use std::sync::Arc;

@@ -1,0 +1,89 @@
+//! Load shedding with priorities: under load, refuse the least important
+//! requests first (503), keeping capacity for critical ones.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use tower_ratelimit::shed::{LoadShedLayer, Priority};
+//!
+//! let shed = LoadShedLayer::builder()
+//!     .capacity(500) // requests this process serves at once at full load
+//!     .classify(|parts| match parts.uri.path() {
+//!         "/charges" => Priority::Critical,
+//!         p if p.starts_with("/reports") => Priority::Low,
+//!         _ => Priority::Normal,
+//!     })
+//!     .build()
+//!     .unwrap();
+//! let app: Router = Router::new().route("/charges", get(|| async { "ok" })).layer(shed);
+//! ```
+//!
+//! # Classes and shares
+//!
+//! | class | may use (default) | shed when |
+//! |---|---|---|
+//! | [`Priority::Test`] | 50 % of capacity | half the capacity is in use |
+//! | [`Priority::Low`] | 70 % | 70 % is in use |
+//! | [`Priority::Normal`] | 90 % | 90 % is in use |
+//! | [`Priority::Critical`] | 100 % | everything is in use |
+//!
+//! So the last 10 % of capacity is reserved for critical traffic, and as load
+//! rises test traffic is shed first, then low, then normal. Shares are set
+//! with [`LoadShedLayerBuilder::share`]. The count is exact: a class never has
+//! more than its share in flight, however many requests race.
+//!
+//! # Process-local, and how it combines with the fleet-wide rate limit
+//!
+//! The shedder protects *this instance's* resources (threads, memory, a
+//! database pool): its state is an atomic counter, it makes no network call,
+//! and it knows nothing of other instances. The rate limit
+//! ([`RateLimitLayer`](crate::RateLimitLayer) with a `RedisStore`) is
+//! fleet-wide and per client: it decides what each client is *entitled* to;
+//! the shedder decides what this instance can *afford* right now, whoever
+//! asks. They answer differently on purpose: a rate-limited client gets 429
+//! (slow down, it is you), a shed request 503 (retry, it is us).
+//!
+//! Put the shedder **outermost**: an overloaded instance then refuses work
+//! before spending a store round trip on it, and a shed request does not
+//! spend the client's rate quota. In axum the last `.layer()` call is the
+//! outermost:
+//!
+//! ```
+//! # use axum::{routing::get, Router};
+//! # use tower_ratelimit::{concurrency::ConcurrencyLimitLayer, shed::LoadShedLayer, RateLimitLayer, Quota};
+//! # let quota = Quota::per_second(std::num::NonZeroU32::new(10).unwrap());
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "ok" }))
+//!     .layer(ConcurrencyLimitLayer::builder().limit(5).build().unwrap()) // innermost
+//!     .layer(RateLimitLayer::builder().quota(quota).build().unwrap())
+//!     .layer(LoadShedLayer::builder().capacity(200).build().unwrap()); // outermost
+//! ```
+//!
+//! A fleet-wide, coordinated shedder (instances sharing one view of fleet
+//! load) is planned; until then a [`utilisation`](LoadShedLayerBuilder::utilisation)
+//! signal can carry any load figure you compute, including a fleet-wide one.
+//!
+//! # Metrics
+//!
+//! As [`crate::metrics`], every series labelled `limiter` (the layer's name):
+//!
+//! | name | type | labels | meaning |
+//! |---|---|---|---|
+//! | `load_shed_decisions_total` | counter | `class`, `outcome` = `admitted`, `shed` | requests by class and outcome |
+//! | `load_shed_shadow_total` | counter | `class` | would-be sheds admitted in shadow mode |
+//! | `load_shed_in_flight` | gauge | | requests in flight through the shedder |
+//! | `load_shed_utilisation` | gauge | | the utilisation signal's last reading |
+
+mod body;
+mod future;
+mod layer;
+mod metrics;
+mod priority;
+mod service;
+mod shedder;
+
+pub use body::ResponseBody;
+pub use future::ResponseFuture;
+pub use layer::{LoadShedLayer, LoadShedLayerBuilder, DEFAULT_SHARES};
+pub use priority::{ParsePriorityError, Priority};
+pub use service::LoadShed;
+pub use shedder::{default_response, Admission, Overloaded};

@@ -1,0 +1,199 @@
+//! The shedder every clone of a layer shares, and the [`Admission`] guard
+//! that counts a request in flight until its response is done.
+
+use super::metrics::Metrics;
+use super::priority::Priority;
+use crate::limiter::LogThrottle;
+use bytes::Bytes;
+use http::header::RETRY_AFTER;
+use http::request::Parts;
+use http::{HeaderValue, Response};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Priority + Send + Sync;
+pub(crate) type UtilisationFn = dyn Fn() -> f64 + Send + Sync;
+pub(crate) type ShedFn = dyn Fn(&Overloaded) -> Response<Bytes> + Send + Sync;
+
+/// What the shedder knew when it shed a request, for a custom 503.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Overloaded {
+    /// The request's class.
+    pub priority: Priority,
+    /// Requests in flight through the shedder when it decided.
+    pub in_flight: u64,
+    /// The utilisation signal's reading (0 to 1), if one is configured.
+    pub utilisation: Option<f64>,
+    /// Seconds the client is told to wait (`Retry-After`).
+    pub retry_after_secs: u64,
+}
+
+/// The default answer to a shed request: 503 with `Retry-After` and an
+/// `application/problem+json` body.
+///
+/// ```
+/// use tower_ratelimit::shed::{default_response, LoadShedLayer};
+/// let layer = LoadShedLayer::builder().capacity(100).on_shed(default_response).build();
+/// ```
+pub fn default_response(o: &Overloaded) -> Response<Bytes> {
+    crate::response::unavailable(
+        o.retry_after_secs,
+        &format!(
+            "the service is overloaded and sheds {} requests; retry in {} s",
+            o.priority, o.retry_after_secs
+        ),
+    )
+}
+
+pub(crate) struct Shedder {
+    pub(crate) name: String,
+    pub(crate) classify: Arc<ClassifyFn>,
+    /// Requests each class may have in flight (by [`Priority::index`]), with a capacity.
+    pub(crate) limits: Option<[u64; 4]>,
+    /// The share of capacity or utilisation each class may use.
+    pub(crate) shares: [f64; 4],
+    pub(crate) utilisation: Option<Arc<UtilisationFn>>,
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) retry_after_secs: u64,
+    pub(crate) on_shed: Arc<ShedFn>,
+    pub(crate) shadow: bool,
+    pub(crate) log: LogThrottle,
+    pub(crate) metrics: OnceLock<Metrics>,
+}
+
+/// A request counted in flight by the load shedder until dropped — at the end
+/// of the response body, or when the request is dropped, fails or panics first.
+pub struct Admission {
+    shedder: Arc<Shedder>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.shedder.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shedder.metrics().in_flight.decrement(1);
+    }
+}
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("shedder", &self.shedder.name)
+            .finish()
+    }
+}
+
+/// Whether a class may start another request: below its share of the
+/// utilisation signal (if any) and, with a capacity, below its limit of
+/// requests in flight.
+pub(crate) fn admits(share: f64, utilisation: Option<f64>, limit: Option<u64>, in_flight: u64) -> bool {
+    utilisation.is_none_or(|u| u <= share) && limit.is_none_or(|l| in_flight < l)
+}
+
+impl Shedder {
+    pub(crate) fn metrics(&self) -> &Metrics {
+        self.metrics.get_or_init(|| Metrics::new(&self.name))
+    }
+
+    fn read_utilisation(&self) -> Option<f64> {
+        let f = self.utilisation.as_ref()?;
+        let u = f();
+        if u.is_nan() {
+            // A broken signal must not take the service down: it reads as idle.
+            self.log.event(&self.log.store_error, || {
+                tracing::error!(shedder = %self.name, "the utilisation signal returned NaN; treated as 0");
+            });
+            return Some(0.0);
+        }
+        let u = u.clamp(0.0, 1.0);
+        self.metrics().utilisation.set(u);
+        Some(u)
+    }
+
+    /// Classifies and decides: an [`Admission`] to hold while the request
+    /// runs, or the 503 to answer with.
+    pub(crate) fn admit(self: &Arc<Self>, parts: &Parts) -> Result<Admission, Response<Bytes>> {
+        let class = (self.classify)(parts);
+        let i = class.index();
+        let share = self.shares[i];
+        let limit = self.limits.map(|l| l[i]);
+        let utilisation = self.read_utilisation();
+        let m = self.metrics();
+        // Check and count in one step, so concurrent requests never overshoot a class's limit.
+        let taken = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                admits(share, utilisation, limit, n).then_some(n + 1)
+            });
+        let in_flight = match taken {
+            Ok(_) => {
+                m.admitted[i].increment(1);
+                m.in_flight.increment(1);
+                return Ok(Admission {
+                    shedder: self.clone(),
+                });
+            }
+            Err(n) => n,
+        };
+        if self.shadow {
+            m.shadow_shed[i].increment(1);
+            self.log.event(&self.log.rejected, || {
+                tracing::info!(shedder = %self.name, class = class.as_str(), in_flight, "load shedder would shed (shadow mode: admitted)");
+            });
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            m.in_flight.increment(1);
+            return Ok(Admission {
+                shedder: self.clone(),
+            });
+        }
+        m.shed[i].increment(1);
+        self.log.event(&self.log.rejected, || {
+            tracing::warn!(shedder = %self.name, class = class.as_str(), in_flight, ?utilisation, "overloaded: shedding requests");
+        });
+        let o = Overloaded {
+            priority: class,
+            in_flight,
+            utilisation,
+            retry_after_secs: self.retry_after_secs,
+        };
+        let mut res = (self.on_shed)(&o);
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs));
+        Err(res)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_class_is_admitted_only_below_its_share() {
+        // Capacity 10 with the default shares: test 5, low 7, normal 9, critical 10.
+        let limits = [10, 9, 7, 5];
+        for n in 0..12u64 {
+            let admitted: Vec<bool> = Priority::ALL
+                .iter()
+                .map(|p| admits(1.0, None, Some(limits[p.index()]), n))
+                .collect();
+            assert_eq!(
+                admitted,
+                [n < 10, n < 9, n < 7, n < 5],
+                "with {n} in flight"
+            );
+        }
+        let shares = [1.0, 0.9, 0.7, 0.5];
+        for (u, expected) in [
+            (0.5, [true, true, true, true]),
+            (0.6, [true, true, true, false]),
+            (0.8, [true, true, false, false]),
+            (0.95, [true, false, false, false]),
+            (1.0, [true, false, false, false]),
+        ] {
+            let admitted: Vec<bool> = shares.iter().map(|s| admits(*s, Some(u), None, 0)).collect();
+            assert_eq!(admitted, expected, "at utilisation {u}");
+        }
+        assert!(!admits(1.0, Some(0.1), Some(3), 3), "both signals must admit");
+    }
+}
