@@ -6,9 +6,18 @@
 //! ```
 //!
 //! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
-//! `GET /status/{code}` → that status; `GET /rate_limit` → the caller's state
+//! `GET /status/{code}` → that status; `GET /slow/{ms}` → 200 after holding the
+//! request that long; `GET /rate_limit` → the caller's state
 //! as JSON (`limit`, `remaining`, `reset`, `used`), not counted. Prints one line `listening on ADDR` once
 //! it accepts connections, and exits cleanly on SIGTERM or Ctrl-C.
+//!
+//! `--concurrency N` caps each key's requests in flight (in the store chosen
+//! with `--store`), and `--shed-capacity N` sheds by the `x-priority` header
+//! (`critical`, `normal`, `low`, `test`) when N requests are in flight:
+//!
+//! ```text
+//! cargo run --features redis --example demo -- --store redis --concurrency 2 --shed-capacity 20
+//! ```
 
 #[path = "common/mod.rs"]
 mod common;
@@ -20,7 +29,9 @@ use clap::{Parser, ValueEnum};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
+use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::key::{ClientIp, Header, Key, KeyExtractor};
+use tower_ratelimit::shed::{LoadShedLayer, Priority};
 use tower_ratelimit::store::RedisStore;
 use tower_ratelimit::{DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
 
@@ -69,6 +80,15 @@ struct Args {
     /// Serve Prometheus metrics (text format) on this address at `/metrics`.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Requests a key may have in flight at once (in the `--store`'s state; memory with `none`).
+    #[arg(long)]
+    concurrency: Option<u32>,
+    /// How long a concurrency slot counts if its instance dies without releasing it.
+    #[arg(long, default_value = "30s", value_parser = common::parse_duration)]
+    lease: Duration,
+    /// Shed requests by `x-priority` (critical, normal, low, test) with this many in flight.
+    #[arg(long)]
+    shed_capacity: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -129,6 +149,22 @@ fn key_extractor(kind: &KeyKind) -> Result<Box<dyn KeyExtractor>, Box<dyn std::e
     })
 }
 
+/// Holds the request for `ms` milliseconds (at most ten minutes): a slow endpoint.
+async fn slow(Path(ms): Path<u64>) -> &'static str {
+    tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    "done"
+}
+
+/// The `x-priority` header's class; `normal` when absent or unknown. A real
+/// service must not trust a header clients can set: strip it at the edge.
+fn priority(parts: &http::request::Parts) -> Priority {
+    parts
+        .headers
+        .get("x-priority")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or_default()
+}
+
 async fn status(Path(code): Path<u16>) -> Result<StatusCode, (StatusCode, &'static str)> {
     StatusCode::from_u16(code).map_err(|_| (StatusCode::BAD_REQUEST, "not a status code\n"))
 }
@@ -177,43 +213,79 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
-        .route("/status/{code}", get(status));
+        .route("/status/{code}", get(status))
+        .route("/slow/{ms}", get(slow));
+
+    let header_style = match args.headers {
+        Headers::Github => HeaderStyle::GitHub,
+        Headers::Ietf => HeaderStyle::Ietf,
+        Headers::Both => HeaderStyle::Both,
+        Headers::None => HeaderStyle::None,
+    };
+    let on_store_error = match args.on_store_error {
+        OnError::Open => OnStoreError::FailOpen,
+        OnError::Closed => OnStoreError::FailClosed,
+        OnError::Local => OnStoreError::Local {
+            fraction: args.local_share,
+        },
+    };
+    // One Redis store serves both limiters: the same connections, the same hash tags.
+    let redis = match args.store {
+        StoreKind::Redis => {
+            let mut store = RedisStore::builder(&args.redis_url);
+            for r in &args.replica_url {
+                store = store.replica(r);
+            }
+            Some(store.build()?)
+        }
+        _ => None,
+    };
+
+    // Innermost first: concurrency, then the rate limit, then shedding outermost.
+    if let Some(limit) = args.concurrency {
+        let mut builder = ConcurrencyLimitLayer::builder()
+            .limit(limit)
+            .key(key_extractor(&args.key)?)
+            .lease(args.lease)
+            .headers(header_style)
+            .on_store_error(on_store_error)
+            .store_timeout(args.store_timeout)
+            .shadow(args.shadow);
+        if let Some(store) = &redis {
+            builder = builder.store(store.clone());
+        }
+        app = app.layer(builder.build()?);
+    }
 
     if !matches!(args.store, StoreKind::None) {
         let mut builder = RateLimitLayer::builder()
             .quota(Quota::new(args.limit, args.window)?)
             .key(key_extractor(&args.key)?)
-            .headers(match args.headers {
-                Headers::Github => HeaderStyle::GitHub,
-                Headers::Ietf => HeaderStyle::Ietf,
-                Headers::Both => HeaderStyle::Both,
-                Headers::None => HeaderStyle::None,
-            })
-            .on_store_error(match args.on_store_error {
-                OnError::Open => OnStoreError::FailOpen,
-                OnError::Closed => OnStoreError::FailClosed,
-                OnError::Local => OnStoreError::Local {
-                    fraction: args.local_share,
-                },
-            })
+            .headers(header_style)
+            .on_store_error(on_store_error)
             .store_timeout(args.store_timeout)
             .deny_cache(match args.deny_cache {
                 OnOff::On => DenyCache::new(),
                 OnOff::Off => DenyCache::disabled(),
             })
             .shadow(args.shadow);
-        if let StoreKind::Redis = args.store {
-            let mut store = RedisStore::builder(&args.redis_url);
-            for r in &args.replica_url {
-                store = store.replica(r);
-            }
-            builder = builder.store(store.build()?);
+        if let Some(store) = redis {
+            builder = builder.store(store);
         }
         let layer = builder.build()?;
         // Added after `.layer`, so the status route itself is never counted.
         app = app
             .layer(layer.clone())
             .route("/rate_limit", get(rate_limit).with_state(layer));
+    }
+
+    if let Some(capacity) = args.shed_capacity {
+        let shed = LoadShedLayer::builder()
+            .capacity(capacity)
+            .classify(priority)
+            .shadow(args.shadow)
+            .build()?;
+        app = app.layer(shed);
     }
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
