@@ -97,7 +97,11 @@ mod tests {
         let mut b = GuardedBody::inner(body, Some(Guard(released.clone())));
         let frame = b.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "hello");
-        assert_eq!(released.load(Ordering::SeqCst), 1, "released at the last frame");
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            1,
+            "released at the last frame"
+        );
         assert!(b.frame().await.is_none());
         drop(b);
         assert_eq!(released.load(Ordering::SeqCst), 1, "exactly once");

@@ -216,7 +216,10 @@ mod tests {
         let policy = Policy::new(Quota::new(60, Duration::from_secs(60)).unwrap());
         let d = Decision::from_statuses([status(60, 42, 61_000, true, 0)], 1);
         apply(HeaderStyle::Both, &policy, &d, 1_000, &mut h);
-        assert_eq!(h[&X_RATELIMIT_LIMIT], "5", "the rejecting limit is reported");
+        assert_eq!(
+            h[&X_RATELIMIT_LIMIT], "5",
+            "the rejecting limit is reported"
+        );
         assert_eq!(h[&X_RATELIMIT_REMAINING], "0");
         assert!(h.get(&X_RATELIMIT_RESET).is_none());
         assert_eq!(

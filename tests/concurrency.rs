@@ -216,7 +216,10 @@ fn assert_concurrency_rejection(r: &Reply, limit: u64) {
         r.header("ratelimit-policy"),
         Some(format!(r#""{NAME}";q={limit};qu="concurrent-requests""#).as_str())
     );
-    assert_eq!(r.header("ratelimit"), Some(format!(r#""{NAME}";r=0"#).as_str()));
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(format!(r#""{NAME}";r=0"#).as_str())
+    );
     assert_eq!(r.header_u64("x-ratelimit-limit"), limit);
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 0);
     assert_eq!(r.header_u64("retry-after"), 1);
@@ -244,7 +247,11 @@ async fn fifty_simultaneous_slow_requests_across_two_instances_sharing_redis_nev
 
     let mut requests = tokio::task::JoinSet::new();
     for i in 0..50 {
-        let url = if i % 2 == 0 { a.url("/hold") } else { b.url("/hold") };
+        let url = if i % 2 == 0 {
+            a.url("/hold")
+        } else {
+            b.url("/hold")
+        };
         let c = c.clone();
         requests.spawn(async move { fetch(&c, &url, "k").await });
     }
@@ -266,9 +273,16 @@ async fn fifty_simultaneous_slow_requests_across_two_instances_sharing_redis_nev
     while let Some(r) = requests.join_next().await {
         let r = r.unwrap();
         assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "done"));
-        assert!(r.header("ratelimit").is_none(), "admitted responses carry no concurrency headers");
+        assert!(
+            r.header("ratelimit").is_none(),
+            "admitted responses carry no concurrency headers"
+        );
     }
-    assert_eq!(probe.max.load(Ordering::SeqCst), 5, "never more than five in flight");
+    assert_eq!(
+        probe.max.load(Ordering::SeqCst),
+        5,
+        "never more than five in flight"
+    );
     eventually(Duration::from_secs(5), "every slot released", || {
         zcard(&redis, &key) == 0
     })
@@ -277,7 +291,11 @@ async fn fifty_simultaneous_slow_requests_across_two_instances_sharing_redis_nev
     // Freed for real: five new requests are admitted again, on either instance.
     let mut again = tokio::task::JoinSet::new();
     for i in 0..5 {
-        let url = if i % 2 == 0 { a.url("/hold") } else { b.url("/hold") };
+        let url = if i % 2 == 0 {
+            a.url("/hold")
+        } else {
+            b.url("/hold")
+        };
         let c = c.clone();
         again.spawn(async move { fetch(&c, &url, "k").await });
     }
@@ -317,7 +335,11 @@ async fn a_client_that_disconnects_mid_response_frees_its_slot() {
     let mut conn = raw_get(server.addr, "/stream", "k").await;
     let seen = read_until(&mut conn, "first-chunk").await;
     assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
-    assert_eq!(zcard(&redis, &key), 1, "the slot is held while the body streams");
+    assert_eq!(
+        zcard(&redis, &key),
+        1,
+        "the slot is held while the body streams"
+    );
     let c = HttpClient::new();
     let r = fetch(&c, &server.url("/"), "k").await;
     assert_concurrency_rejection(&r, 1);
@@ -332,7 +354,10 @@ async fn a_client_that_disconnects_mid_response_frees_its_slot() {
         zcard(&redis, &key) == 0
     })
     .await;
-    assert_eq!(fetch(&c, &server.url("/"), "k").await.status, StatusCode::OK);
+    assert_eq!(
+        fetch(&c, &server.url("/"), "k").await.status,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -349,20 +374,33 @@ async fn a_panicking_handler_and_an_error_response_free_their_slots() {
     // The panic kills the connection's task: the request future is dropped.
     let mut conn = raw_get(server.addr, "/panic", "k").await;
     let seen = read_until(&mut conn, "\r\n\r\n").await;
-    assert!(seen.is_empty(), "no response to a panicking handler: {seen:?}");
-    eventually(Duration::from_secs(5), "the panicking request's slot released", || {
-        zcard(&redis, &key) == 0
-    })
+    assert!(
+        seen.is_empty(),
+        "no response to a panicking handler: {seen:?}"
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the panicking request's slot released",
+        || zcard(&redis, &key) == 0,
+    )
     .await;
-    assert_eq!(fetch(&c, &server.url("/"), "k").await.status, StatusCode::OK);
+    assert_eq!(
+        fetch(&c, &server.url("/"), "k").await.status,
+        StatusCode::OK
+    );
 
     let r = fetch(&c, &server.url("/error"), "k").await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
-    eventually(Duration::from_secs(5), "the failed request's slot released", || {
-        zcard(&redis, &key) == 0
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the failed request's slot released",
+        || zcard(&redis, &key) == 0,
+    )
     .await;
-    assert_eq!(fetch(&c, &server.url("/"), "k").await.status, StatusCode::OK);
+    assert_eq!(
+        fetch(&c, &server.url("/"), "k").await.status,
+        StatusCode::OK
+    );
     assert_eq!(zcard(&redis, &key), 0);
 }
 
@@ -390,9 +428,11 @@ async fn an_inner_service_error_and_a_request_dropped_before_its_response_free_t
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "backend down");
-    eventually(Duration::from_secs(5), "the failed request's slot released", || {
-        zcard(&redis, &key) == 0
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the failed request's slot released",
+        || zcard(&redis, &key) == 0,
+    )
     .await;
 
     // The request is abandoned while the handler runs (e.g. a client timeout).
@@ -413,9 +453,11 @@ async fn an_inner_service_error_and_a_request_dropped_before_its_response_free_t
     assert_eq!(zcard(&redis, &key), 1);
     held.abort();
     assert!(held.await.unwrap_err().is_cancelled());
-    eventually(Duration::from_secs(5), "the dropped request's slot released", || {
-        zcard(&redis, &key) == 0
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the dropped request's slot released",
+        || zcard(&redis, &key) == 0,
+    )
     .await;
 }
 
@@ -423,7 +465,13 @@ async fn an_inner_service_error_and_a_request_dropped_before_its_response_free_t
 // Leases, tombstones, failure policy, shadow mode
 // ---------------------------------------------------------------------------
 
-fn acquire<'a>(id: SlotId, key: &'a Key, ns: &'a Namespace, now_ms: u64, lease_ms: u64) -> Acquire<'a> {
+fn acquire<'a>(
+    id: SlotId,
+    key: &'a Key,
+    ns: &'a Namespace,
+    now_ms: u64,
+    lease_ms: u64,
+) -> Acquire<'a> {
     Acquire {
         namespace: ns,
         key,
@@ -447,10 +495,16 @@ async fn a_slot_counts_until_its_lease_ends_and_a_release_that_overtakes_its_acq
     let t0 = SystemClock.now_ms();
 
     let first = SlotId::next();
-    let o = store.acquire(&acquire(first, &k, &ns, t0, 1_000)).await.unwrap();
+    let o = store
+        .acquire(&acquire(first, &k, &ns, t0, 1_000))
+        .await
+        .unwrap();
     assert!(o.acquired && o.in_flight == 1);
     let pttl = redis.cmd(&["PTTL", &key]).as_int();
-    assert!(pttl > 0 && pttl <= 2_000, "the key expires with its lease: {pttl}");
+    assert!(
+        pttl > 0 && pttl <= 2_000,
+        "the key expires with its lease: {pttl}"
+    );
     // Never released (as if its instance died): it counts until its lease ends…
     let o = store
         .acquire(&acquire(SlotId::next(), &k, &ns, t0 + 999, 1_000))
@@ -459,8 +513,14 @@ async fn a_slot_counts_until_its_lease_ends_and_a_release_that_overtakes_its_acq
     assert!(!o.acquired && o.in_flight == 1);
     // …and not a millisecond longer.
     let second = SlotId::next();
-    let o = store.acquire(&acquire(second, &k, &ns, t0 + 1_000, 1_000)).await.unwrap();
-    assert!(o.acquired && o.in_flight == 1, "the expired slot was dropped");
+    let o = store
+        .acquire(&acquire(second, &k, &ns, t0 + 1_000, 1_000))
+        .await
+        .unwrap();
+    assert!(
+        o.acquired && o.in_flight == 1,
+        "the expired slot was dropped"
+    );
     let members = redis.cmd(&["ZRANGE", &key, "0", "-1"]).as_strings();
     assert_eq!(members, [second.to_string()]);
 
@@ -532,10 +592,8 @@ async fn store_failures_follow_the_failure_policy_and_shadow_mode_never_rejects(
     assert_eq!(fetch(&c, &open.url("/"), "k").await.status, StatusCode::OK);
 
     // Local: half of the limit (1) in this process's memory until Redis answers.
-    let local = TestServer::start(
-        app(&probe).layer(layer(OnStoreError::Local { fraction: 0.5 })),
-    )
-    .await;
+    let local =
+        TestServer::start(app(&probe).layer(layer(OnStoreError::Local { fraction: 0.5 }))).await;
     let held = tokio::spawn({
         let (c, url) = (c.clone(), local.url("/hold"));
         async move { fetch(&c, &url, "k").await }
@@ -575,7 +633,10 @@ async fn store_failures_follow_the_failure_policy_and_shadow_mode_never_rejects(
     while let Some(r) = held.join_next().await {
         assert_eq!(r.unwrap().status, StatusCode::OK);
     }
-    eventually(Duration::from_secs(5), "memory slots released", || slots.keys() == 0).await;
+    eventually(Duration::from_secs(5), "memory slots released", || {
+        slots.keys() == 0
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -619,7 +680,10 @@ async fn a_concurrency_rejection_keeps_its_own_headers_through_the_rate_limit_ar
         r.header("ratelimit-policy"),
         Some(r#""concurrency";q=1;qu="concurrent-requests", "1m";q=100;w=60"#)
     );
-    assert_eq!(r.header("ratelimit"), Some(r#""concurrency";r=0, "1m";r=98;t=60"#));
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""concurrency";r=0, "1m";r=98;t=60"#)
+    );
     probe.gate.add_permits(1);
     let ok = held.await.unwrap();
     assert_eq!(ok.status, StatusCode::OK);
@@ -668,9 +732,11 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
             c.get_with(&u, &[("x-client", b"k")]).await
         }));
     }
-    eventually(Duration::from_secs(10), "two slots held by the demo", || {
-        zcard(&redis, &key) == 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "two slots held by the demo",
+        || zcard(&redis, &key) == 2,
+    )
     .await;
     let r = fetch(&c, &demo.url("/"), "k").await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
@@ -687,12 +753,19 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
     for t in slow {
         let _ = t.await; // the client side fails with the connection
     }
-    assert_eq!(zcard(&redis, &key), 2, "the dead instance's slots are still counted");
+    assert_eq!(
+        zcard(&redis, &key),
+        2,
+        "the dead instance's slots are still counted"
+    );
     // Each slot expires one lease after it was taken, and the key one second
     // after the last lease: nothing outlives it even if no one ever comes back.
     let killed_at = SystemClock.now_ms();
     for s in &scores {
-        assert!((sent_at + lease_ms..=killed_at + lease_ms).contains(s), "{s}");
+        assert!(
+            (sent_at + lease_ms..=killed_at + lease_ms).contains(s),
+            "{s}"
+        );
     }
     let expire_at = redis.cmd(&["PEXPIRETIME", &key]).as_int() as u64;
     assert_eq!(expire_at, scores.iter().max().unwrap() + 1_000);
@@ -711,12 +784,18 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
     let (probe, _) = Probe::new();
     let server = TestServer::start(app(&probe).layer(layer)).await;
     let r = fetch(&c, &server.url("/"), "k").await;
-    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "still held before the lease ends");
+    assert_eq!(
+        r.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "still held before the lease ends"
+    );
     clock.set(*scores.iter().max().unwrap());
     let r = fetch(&c, &server.url("/"), "k").await;
     assert_eq!(r.status, StatusCode::OK, "free once the lease has ended");
-    eventually(Duration::from_secs(5), "the dead slots cleaned and the new one released", || {
-        zcard(&redis, &key) == 0
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the dead slots cleaned and the new one released",
+        || zcard(&redis, &key) == 0,
+    )
     .await;
 }

@@ -156,7 +156,7 @@ async fn under_a_rising_mixed_overload_each_class_is_shed_exactly_above_its_shar
 
     for step in 0..600 {
         // Two arrivals for each departure on average: load climbs to capacity and stays there.
-        if rng.next() % 3 == 0 && !held.is_empty() {
+        if rng.next().is_multiple_of(3) && !held.is_empty() {
             gate.add_permits(1);
             let r: Reply = held.join_next().await.unwrap().unwrap();
             assert_eq!(r.status, StatusCode::OK);
@@ -274,7 +274,10 @@ async fn a_simultaneous_burst_never_exceeds_any_class_share_and_always_leaves_th
     );
     assert!(t <= 10, "test used at most half: {t}");
     assert!(t + l <= 14, "test and low used at most 70 %: {t} + {l}");
-    assert!(t + l + n <= 18, "only critical used the last 10 %: {t} + {l} + {n}");
+    assert!(
+        t + l + n <= 18,
+        "only critical used the last 10 %: {t} + {l} + {n}"
+    );
     assert!(cr >= 2, "critical traffic got at least its reserve: {cr}");
     gate.add_permits(20);
     while let Some(r) = requests.join_next().await {
@@ -295,7 +298,10 @@ async fn a_utilisation_signal_sheds_classes_above_their_share_and_a_nan_signal_s
         .classify(by_header)
         .build()
         .unwrap();
-    let svc = tower::Layer::layer(&shed, app(mpsc::unbounded_channel().0, Arc::new(Semaphore::new(1_000))));
+    let svc = tower::Layer::layer(
+        &shed,
+        app(mpsc::unbounded_channel().0, Arc::new(Semaphore::new(1_000))),
+    );
     for (u, admitted) in [
         (0.5, [true, true, true, true]),
         (0.6, [true, true, true, false]),
@@ -324,14 +330,14 @@ async fn admissions_are_released_when_a_handler_panics_and_shadow_mode_sheds_not
     let (tx, mut entered) = mpsc::unbounded_channel();
     let gate = Arc::new(Semaphore::new(0));
     let svc = tower::Layer::layer(&shed, app(tx.clone(), gate.clone()));
-    let req = |path: &str| {
-        Request::get(path)
-            .body(axum::body::Body::empty())
-            .unwrap()
-    };
+    let req = |path: &str| Request::get(path).body(axum::body::Body::empty()).unwrap();
     let panicked = tokio::spawn(svc.clone().oneshot(req("/panic")));
     assert!(panicked.await.unwrap_err().is_panic());
-    assert_eq!(shed.in_flight(), 0, "the panicking request's admission was released");
+    assert_eq!(
+        shed.in_flight(),
+        0,
+        "the panicking request's admission was released"
+    );
 
     // A request abandoned while the handler runs.
     let abandoned = tokio::spawn(svc.clone().oneshot(req("/")));

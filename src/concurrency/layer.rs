@@ -366,11 +366,7 @@ impl ConcurrencyLimitLayerBuilder {
                     "no concurrency limit configured: call .limit(n)",
                 ))
             }
-            Some(0) => {
-                return Err(ConfigError::new(
-                    "the concurrency limit must be at least 1",
-                ))
-            }
+            Some(0) => return Err(ConfigError::new("the concurrency limit must be at least 1")),
             Some(n) => u64::from(n),
         };
         if self.store_timeout.is_zero() {
@@ -395,13 +391,12 @@ impl ConcurrencyLimitLayerBuilder {
             )),
             _ => None,
         };
-        let retry_after_secs = crate::headers::ceil_secs(self.retry_after.as_millis() as u64).max(1);
+        let retry_after_secs =
+            crate::headers::ceil_secs(self.retry_after.as_millis() as u64).max(1);
         Ok(ConcurrencyLimitLayer {
             limiter: Arc::new(Limiter {
                 namespace: Namespace::new(&self.name),
-                store: self
-                    .store
-                    .unwrap_or_else(|| Arc::new(MemorySlots::new())),
+                store: self.store.unwrap_or_else(|| Arc::new(MemorySlots::new())),
                 clock: self.clock,
                 key: self.key,
                 limit,

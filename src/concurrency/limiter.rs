@@ -82,7 +82,13 @@ impl Limiter {
             .get_or_init(|| Metrics::new(self.namespace.name()))
     }
 
-    fn acquire_call<'a>(&'a self, key: &'a Key, id: SlotId, limit: u64, now_ms: u64) -> Acquire<'a> {
+    fn acquire_call<'a>(
+        &'a self,
+        key: &'a Key,
+        id: SlotId,
+        limit: u64,
+        now_ms: u64,
+    ) -> Acquire<'a> {
         Acquire {
             namespace: &self.namespace,
             key,
@@ -204,14 +210,22 @@ impl Limiter {
             // the requests the limit would have admitted.
             m.shadow_rejected.increment(1);
             self.log.event(&self.log.rejected, || {
-                tracing::info!(limiter = self.namespace.name(), limit, "concurrency limit would reject (shadow mode: admitted)");
+                tracing::info!(
+                    limiter = self.namespace.name(),
+                    limit,
+                    "concurrency limit would reject (shadow mode: admitted)"
+                );
             });
             self.admitted(slot);
             return None;
         }
         m.rejected.increment(1);
         self.log.event(&self.log.rejected, || {
-            tracing::info!(limiter = self.namespace.name(), limit, "concurrency limit exceeded");
+            tracing::info!(
+                limiter = self.namespace.name(),
+                limit,
+                "concurrency limit exceeded"
+            );
         });
         let r = ConcurrencyRejection {
             name: self.namespace.name(),

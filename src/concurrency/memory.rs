@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 const SHARDS: usize = 32;
 
 type MapKey = (u64, Key);
+type Shard = Mutex<HashMap<MapKey, HashSet<SlotId>>>;
 
 /// In-flight slots held in this process: exact, lock-sharded, and bounded by
 /// the requests in flight (a key's entry is removed with its last slot).
@@ -34,7 +35,7 @@ pub struct MemorySlots {
 }
 
 struct Inner {
-    shards: Box<[Mutex<HashMap<MapKey, HashSet<SlotId>>>]>,
+    shards: Box<[Shard]>,
     hasher: hashbrown::DefaultHashBuilder,
 }
 
@@ -81,14 +82,17 @@ impl MemorySlots {
             .sum()
     }
 
-    fn shard(&self, k: &MapKey) -> &Mutex<HashMap<MapKey, HashSet<SlotId>>> {
+    fn shard(&self, k: &MapKey) -> &Shard {
         let h = self.inner.hasher.hash_one(k);
         &self.inner.shards[h as usize % SHARDS]
     }
 
     pub(crate) fn acquire_now(&self, call: &Acquire<'_>) -> Occupancy {
         let k = (call.namespace.id(), *call.key);
-        let mut map = self.shard(&k).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self
+            .shard(&k)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let ids = map.entry(k).or_default();
         let held = ids.len() as u64;
         if held >= call.limit {
@@ -109,7 +113,10 @@ impl MemorySlots {
 
     pub(crate) fn release_now(&self, call: &Release<'_>) {
         let k = (call.namespace.id(), *call.key);
-        let mut map = self.shard(&k).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self
+            .shard(&k)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(ids) = map.get_mut(&k) {
             ids.remove(&call.id);
             if ids.is_empty() {
@@ -201,7 +208,11 @@ mod tests {
         s.release_now(&release(&Namespace::new("u"), &k, ids[2]));
         s.release_now(&release(&ns, &k, ids[0]));
         s.release_now(&release(&ns, &k, ids[0]));
-        assert_eq!(s.in_flight(&ns, &k), 1, "a second release of one id frees nothing");
+        assert_eq!(
+            s.in_flight(&ns, &k),
+            1,
+            "a second release of one id frees nothing"
+        );
         s.release_now(&release(&ns, &k, ids[1]));
         assert_eq!(s.keys(), 0, "no entry outlives its last slot");
     }

@@ -1,8 +1,8 @@
 //! [`LoadShed`]: the service the layer produces.
 
-use super::future::ResponseFuture;
-use super::shedder::Shedder;
 use super::body::ResponseBody;
+use super::future::ResponseFuture;
+use super::shedder::{Shedder, Verdict};
 use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;
@@ -56,11 +56,11 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
         match self.shedder.admit(&parts) {
-            Ok(admission) => {
+            Verdict::Admitted(admission) => {
                 let fut = self.inner.call(Request::from_parts(parts, body));
                 ResponseFuture::inner(fut, admission)
             }
-            Err(res) => ResponseFuture::shed(res),
+            Verdict::Shed(res) => ResponseFuture::shed(res),
         }
     }
 }

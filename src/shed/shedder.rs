@@ -84,10 +84,23 @@ impl fmt::Debug for Admission {
     }
 }
 
+/// What the shedder decided for one request.
+pub(crate) enum Verdict {
+    /// Run it, holding the admission until the response is done.
+    Admitted(Admission),
+    /// Answer with this 503; the inner service is not called.
+    Shed(Response<Bytes>),
+}
+
 /// Whether a class may start another request: below its share of the
 /// utilisation signal (if any) and, with a capacity, below its limit of
 /// requests in flight.
-pub(crate) fn admits(share: f64, utilisation: Option<f64>, limit: Option<u64>, in_flight: u64) -> bool {
+pub(crate) fn admits(
+    share: f64,
+    utilisation: Option<f64>,
+    limit: Option<u64>,
+    in_flight: u64,
+) -> bool {
     utilisation.is_none_or(|u| u <= share) && limit.is_none_or(|l| in_flight < l)
 }
 
@@ -111,9 +124,8 @@ impl Shedder {
         Some(u)
     }
 
-    /// Classifies and decides: an [`Admission`] to hold while the request
-    /// runs, or the 503 to answer with.
-    pub(crate) fn admit(self: &Arc<Self>, parts: &Parts) -> Result<Admission, Response<Bytes>> {
+    /// Classifies and decides, counting the request in if it runs.
+    pub(crate) fn admit(self: &Arc<Self>, parts: &Parts) -> Verdict {
         let class = (self.classify)(parts);
         let i = class.index();
         let share = self.shares[i];
@@ -130,7 +142,7 @@ impl Shedder {
             Ok(_) => {
                 m.admitted[i].increment(1);
                 m.in_flight.increment(1);
-                return Ok(Admission {
+                return Verdict::Admitted(Admission {
                     shedder: self.clone(),
                 });
             }
@@ -143,7 +155,7 @@ impl Shedder {
             });
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             m.in_flight.increment(1);
-            return Ok(Admission {
+            return Verdict::Admitted(Admission {
                 shedder: self.clone(),
             });
         }
@@ -160,7 +172,7 @@ impl Shedder {
         let mut res = (self.on_shed)(&o);
         res.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs));
-        Err(res)
+        Verdict::Shed(res)
     }
 }
 
@@ -191,9 +203,15 @@ mod tests {
             (0.95, [true, false, false, false]),
             (1.0, [true, false, false, false]),
         ] {
-            let admitted: Vec<bool> = shares.iter().map(|s| admits(*s, Some(u), None, 0)).collect();
+            let admitted: Vec<bool> = shares
+                .iter()
+                .map(|s| admits(*s, Some(u), None, 0))
+                .collect();
             assert_eq!(admitted, expected, "at utilisation {u}");
         }
-        assert!(!admits(1.0, Some(0.1), Some(3), 3), "both signals must admit");
+        assert!(
+            !admits(1.0, Some(0.1), Some(3), 3),
+            "both signals must admit"
+        );
     }
 }
