@@ -13,8 +13,13 @@
 //! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(limit);
 //! ```
 //!
+//! Beside the request rate limit: a concurrent-requests limit per key
+//! ([`concurrency::ConcurrencyLimitLayer`]) and load shedding by priority
+//! ([`shed::LoadShedLayer`]), configured the same way.
+//!
 //! See the README for the store choice (memory per process, Redis per fleet),
-//! header semantics and the pitfalls of keying by client IP.
+//! header semantics, the four limiters side by side and the pitfalls of keying
+//! by client IP.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
 

@@ -3,6 +3,8 @@
 //! the order test → low → normal → critical. Handlers wait on a semaphore the
 //! test controls, never on a timer.
 
+#[path = "support/example.rs"]
+mod example;
 #[path = "support/http.rs"]
 mod http_support;
 
@@ -368,4 +370,90 @@ async fn admissions_are_released_when_a_handler_panics_and_shadow_mode_sheds_not
     while let Some(r) = held.join_next().await {
         assert_eq!(r.unwrap().status, StatusCode::OK);
     }
+}
+
+/// The Prometheus text line of `name{labels}`, parsed.
+fn gauge(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn the_demo_sheds_by_x_priority_and_caps_each_keys_requests_in_flight() {
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let demo = example::Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--limit",
+            "1000",
+            "--key",
+            "header:x-client",
+            "--concurrency",
+            "1",
+            "--shed-capacity",
+            "2",
+            "--headers",
+            "ietf",
+            "--metrics-listen",
+            &metrics_addr,
+        ],
+    );
+    let c = HttpClient::new();
+    let get = |path: &str, client: &'static str, priority: &'static str| {
+        let (c, url) = (c.clone(), demo.url(path));
+        async move {
+            c.get_with(
+                &url,
+                &[
+                    ("x-client", client.as_bytes()),
+                    ("x-priority", priority.as_bytes()),
+                ],
+            )
+            .await
+        }
+    };
+    // One slow request is in flight (capacity 2: normal, low and test may use 1 of it).
+    let slow = tokio::spawn(get("/slow/600000", "a", "normal"));
+    let metrics_url = format!("http://{metrics_addr}/metrics");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = c.get(&metrics_url).await.body;
+        if gauge(&text, "load_shed_in_flight{limiter=\"default\"}") == Some(1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow request never started: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for class in ["normal", "low", "test"] {
+        let r = get("/", "b", class).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{class}");
+        assert_eq!(r.header_u64("retry-after"), 1);
+    }
+    assert_eq!(get("/", "b", "critical").await.status, StatusCode::OK);
+    // Past the shedder, the same client's second request meets its concurrency cap.
+    let r = get("/", "a", "critical").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        r.header("ratelimit-policy")
+            .is_some_and(|p| p.starts_with(r#""concurrency";q=1;qu="concurrent-requests""#)),
+        "{r:?}"
+    );
+    let text = c.get(&metrics_url).await.body;
+    assert!(
+        text.contains(
+            "load_shed_decisions_total{limiter=\"default\",class=\"test\",outcome=\"shed\"} 1"
+        ),
+        "{text}"
+    );
+    slow.abort();
+    drop(demo); // killed: graceful shutdown would wait for the slow request
 }
