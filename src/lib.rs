@@ -26,6 +26,7 @@ mod decision;
 mod deny_cache;
 mod error;
 mod future;
+pub mod grpc;
 pub mod headers;
 pub mod key;
 mod layer;

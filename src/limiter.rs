@@ -6,6 +6,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::deny_cache::Denials;
 use crate::error::StoreError;
+use crate::grpc;
 use crate::headers::{self, HeaderStyle};
 use crate::key::{Key, KeyError, KeyExtractor};
 use crate::metrics::Metrics;
@@ -112,6 +113,8 @@ pub(crate) struct Pending {
     pub(crate) cost: u64,
     pub(crate) now_ms: u64,
     pub(crate) source: Source,
+    /// The request is a gRPC call: answer with gRPC statuses.
+    pub(crate) grpc: bool,
 }
 
 /// What the request was charged: enough to add headers and to refund.
@@ -163,6 +166,7 @@ impl Limiter {
         policy: Policy,
         cost: u64,
         now_ms: u64,
+        grpc: bool,
     ) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
         let pending = |source| Pending {
             key,
@@ -170,6 +174,7 @@ impl Limiter {
             cost,
             now_ms,
             source,
+            grpc,
         };
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) = denials.check(&key, cost, now_ms) {
@@ -179,6 +184,7 @@ impl Limiter {
                     cost,
                     now_ms,
                     source: Source::DenyCache,
+                    grpc,
                 };
                 return (StoreFuture::ready(Ok(decision)), p);
             }
@@ -260,6 +266,7 @@ impl Limiter {
                 m.store_error("full");
                 let wait = headers::ceil_secs(retry_at_ms.saturating_sub(p.now_ms));
                 Verdict::Answer(response::unavailable(
+                    p.grpc,
                     wait,
                     "the rate limiter is tracking its maximum number of clients",
                 ))
@@ -295,10 +302,18 @@ impl Limiter {
         self.log.event(&self.log.rejected, || {
             tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
         });
-        let mut res = (self.on_rejection)(&Rejection {
+        let rejection = Rejection {
             decision: &decision,
             policy_name: &name,
-        });
+        };
+        let mut res = if p.grpc {
+            let retry = rejection
+                .retry_after_secs()
+                .map(|_| decision.retry_after_ms().max(1));
+            grpc::error(grpc::RESOURCE_EXHAUSTED, &rejection.detail(), retry)
+        } else {
+            (self.on_rejection)(&rejection)
+        };
         headers::apply(
             self.headers,
             &p.policy,
@@ -324,6 +339,7 @@ impl Limiter {
             OnStoreError::FailClosed => {
                 m.fail_closed.increment(1);
                 Verdict::Answer(response::unavailable(
+                    p.grpc,
                     1,
                     "the rate limiter cannot reach its store",
                 ))
@@ -355,6 +371,7 @@ impl Limiter {
                     })),
                     Ok(decision) => self.reject(p, decision),
                     Err(_) => Verdict::Answer(response::unavailable(
+                        p.grpc,
                         1,
                         "the rate limiter cannot reach its store",
                     )),
@@ -367,11 +384,14 @@ impl Limiter {
         self.metrics().exempt.increment(1);
     }
 
-    pub(crate) fn key_error(&self, err: &KeyError) -> Response<Bytes> {
+    pub(crate) fn key_error(&self, err: &KeyError, grpc: bool) -> Response<Bytes> {
         self.metrics().key_error.increment(1);
         self.log.event(&self.log.key_error, || {
             tracing::error!(limiter = self.namespace.name(), error = %err, "rate limit key extraction failed");
         });
+        if grpc {
+            return grpc::error(grpc::INTERNAL, &err.to_string(), None);
+        }
         (self.on_key_error)(err)
     }
 
