@@ -30,7 +30,6 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
-use tower_ratelimit::key::{ClientIp, Header, Key, KeyExtractor};
 use tower_ratelimit::shed::{LoadShedLayer, Priority};
 use tower_ratelimit::store::RedisStore;
 use tower_ratelimit::{DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
@@ -57,8 +56,8 @@ struct Args {
     #[arg(long, default_value = "60s", value_parser = common::parse_duration)]
     window: Duration,
     /// What a client is: `ip` (the peer address), `global` (one shared limit) or `header:NAME`.
-    #[arg(long, default_value = "ip", value_parser = parse_key)]
-    key: KeyKind,
+    #[arg(long, default_value = "ip", value_parser = common::parse_key)]
+    key: common::KeyKind,
     /// Which rate-limit headers responses carry.
     #[arg(long, value_enum, default_value_t = Headers::Github)]
     headers: Headers,
@@ -117,36 +116,6 @@ enum Headers {
     Ietf,
     Both,
     None,
-}
-
-#[derive(Clone, Debug)]
-enum KeyKind {
-    Ip,
-    Global,
-    Header(String),
-}
-
-fn parse_key(s: &str) -> Result<KeyKind, String> {
-    match s {
-        "ip" => Ok(KeyKind::Ip),
-        "global" => Ok(KeyKind::Global),
-        _ => match s.strip_prefix("header:") {
-            Some(name) if !name.is_empty() => {
-                http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("`{name}` is not a valid header name"))?;
-                Ok(KeyKind::Header(name.to_owned()))
-            }
-            _ => Err(format!("unknown key `{s}`: use ip, global or header:NAME")),
-        },
-    }
-}
-
-fn key_extractor(kind: &KeyKind) -> Result<Box<dyn KeyExtractor>, Box<dyn std::error::Error>> {
-    Ok(match kind {
-        KeyKind::Ip => Box::new(ClientIp::new()),
-        KeyKind::Global => Box::new(|_: &http::request::Parts| Key::global()),
-        KeyKind::Header(name) => Box::new(Header::try_new(name.as_str())?),
-    })
 }
 
 /// Holds the request for `ms` milliseconds (at most ten minutes): a slow endpoint.
@@ -245,7 +214,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(limit) = args.concurrency {
         let mut builder = ConcurrencyLimitLayer::builder()
             .limit(limit)
-            .key(key_extractor(&args.key)?)
+            .key(common::key_extractor(&args.key)?)
             .lease(args.lease)
             .headers(header_style)
             .on_store_error(on_store_error)
@@ -260,7 +229,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !matches!(args.store, StoreKind::None) {
         let mut builder = RateLimitLayer::builder()
             .quota(Quota::new(args.limit, args.window)?)
-            .key(key_extractor(&args.key)?)
+            .key(common::key_extractor(&args.key)?)
             .headers(header_style)
             .on_store_error(on_store_error)
             .store_timeout(args.store_timeout)

@@ -28,10 +28,13 @@ mod body;
 mod breaker;
 pub mod clock;
 pub mod concurrency;
+#[cfg(feature = "redis")]
+mod coordinated;
 mod decision;
 mod deny_cache;
 mod error;
 mod future;
+pub mod grpc;
 mod guarded_body;
 pub mod headers;
 pub mod key;
@@ -47,6 +50,8 @@ pub mod store;
 pub use body::ResponseBody;
 pub use breaker::CircuitBreaker;
 pub use concurrency::ConcurrencyLimitLayer;
+#[cfg(feature = "redis")]
+pub use coordinated::Coordinated;
 pub use decision::{Decision, QuotaStatus, RejectReason};
 pub use deny_cache::DenyCache;
 pub use error::{ConfigError, StoreError};

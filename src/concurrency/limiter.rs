@@ -8,6 +8,7 @@ use super::store::{Acquire, Occupancy, Release, SlotId, SlotStore};
 use crate::breaker::{Admit, Breaker, BreakerState};
 use crate::clock::Clock;
 use crate::error::StoreError;
+use crate::grpc;
 use crate::headers::HeaderStyle;
 use crate::key::{Key, KeyExtractor};
 use crate::limiter::{KeyErrorFn, LogThrottle, OnStoreError};
@@ -74,6 +75,8 @@ pub struct Slot {
     in_fallback: bool,
     /// Counted in the in-flight gauge.
     counted: bool,
+    /// The request is a gRPC call: answer with gRPC statuses.
+    grpc: bool,
 }
 
 impl Limiter {
@@ -102,6 +105,7 @@ impl Limiter {
 
     /// Extracts the key and starts the one store call of a request.
     pub(crate) fn begin(self: &Arc<Self>, parts: &Parts) -> Begin {
+        let grpc = grpc::is_grpc(parts);
         let key = match self.key.extract(parts) {
             Ok(Some(key)) => key,
             Ok(None) => {
@@ -113,7 +117,11 @@ impl Limiter {
                 self.log.event(&self.log.key_error, || {
                     tracing::error!(limiter = self.namespace.name(), error = %err, "concurrency limit key extraction failed");
                 });
-                return Begin::Answer((self.on_key_error)(&err));
+                return Begin::Answer(if grpc {
+                    grpc::error(grpc::INTERNAL, &err.to_string(), None)
+                } else {
+                    (self.on_key_error)(&err)
+                });
             }
         };
         let now_ms = self.clock.now_ms();
@@ -124,6 +132,7 @@ impl Limiter {
             in_store: false,
             in_fallback: false,
             counted: false,
+            grpc,
         };
         match self.breaker.admit(now_ms) {
             Admit::Call => {}
@@ -233,7 +242,12 @@ impl Limiter {
             in_flight,
             retry_after_secs: self.retry_after_secs,
         };
-        let mut res = (self.on_rejection)(&r);
+        let mut res = if slot.grpc {
+            let retry_ms = r.retry_after_secs * 1000;
+            grpc::error(grpc::RESOURCE_EXHAUSTED, &r.detail(), Some(retry_ms))
+        } else {
+            (self.on_rejection)(&r)
+        };
         response::apply(self.headers, &r, res.headers_mut());
         Some(res)
     }
@@ -256,6 +270,7 @@ impl Limiter {
             OnStoreError::FailClosed => {
                 m.fail_closed.increment(1);
                 Some(crate::response::unavailable(
+                    slot.grpc,
                     1,
                     "the concurrency limiter cannot reach its store",
                 ))

@@ -24,6 +24,24 @@ pub struct ConcurrencyRejection<'a> {
     pub retry_after_secs: u64,
 }
 
+impl ConcurrencyRejection<'_> {
+    /// A one-line explanation for bodies and `grpc-message`.
+    ///
+    /// ```
+    /// # use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// let layer = ConcurrencyLimitLayer::builder()
+    ///     .limit(2)
+    ///     .on_rejection(|r| http::Response::new(bytes::Bytes::from(r.detail())))
+    ///     .build();
+    /// ```
+    pub fn detail(&self) -> String {
+        format!(
+            "too many concurrent requests: at most {} may be in flight; retry in {} s",
+            self.limit, self.retry_after_secs
+        )
+    }
+}
+
 /// The default 429: an `application/problem+json` document (RFC 9457).
 ///
 /// ```
@@ -32,10 +50,7 @@ pub struct ConcurrencyRejection<'a> {
 /// let layer = ConcurrencyLimitLayer::builder().limit(2).on_rejection(default_rejection).build();
 /// ```
 pub fn default_rejection(r: &ConcurrencyRejection<'_>) -> Response<Bytes> {
-    let detail = format!(
-        "too many concurrent requests: at most {} may be in flight; retry in {} s",
-        r.limit, r.retry_after_secs
-    );
+    let detail = r.detail();
     let mut body = String::with_capacity(160);
     body.push_str(r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"#);
     write_json_string(&mut body, &detail);
@@ -43,7 +58,7 @@ pub fn default_rejection(r: &ConcurrencyRejection<'_>) -> Response<Bytes> {
     problem(StatusCode::TOO_MANY_REQUESTS, body)
 }
 
-/// Writes the in-flight limit on a rejection: `Retry-After` always, then per `style`
+/// Writes the in-flight limit on a rejection (as metadata for gRPC): `Retry-After` always, then per `style`
 /// `X-RateLimit-Limit`/`-Remaining` and IETF `RateLimit-Policy`/`RateLimit`
 /// with `qu="concurrent-requests"`.
 pub(crate) fn apply(style: HeaderStyle, r: &ConcurrencyRejection<'_>, headers: &mut HeaderMap) {

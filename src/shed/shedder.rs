@@ -38,13 +38,25 @@ pub struct Overloaded {
 /// let layer = LoadShedLayer::builder().capacity(100).on_shed(default_response).build();
 /// ```
 pub fn default_response(o: &Overloaded) -> Response<Bytes> {
-    crate::response::unavailable(
-        o.retry_after_secs,
-        &format!(
+    crate::response::unavailable(false, o.retry_after_secs, &o.detail())
+}
+
+impl Overloaded {
+    /// A one-line explanation for bodies and `grpc-message`.
+    ///
+    /// ```
+    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// let layer = LoadShedLayer::builder()
+    ///     .capacity(100)
+    ///     .on_shed(|o| http::Response::new(bytes::Bytes::from(o.detail())))
+    ///     .build();
+    /// ```
+    pub fn detail(&self) -> String {
+        format!(
             "the service is overloaded and sheds {} requests; retry in {} s",
-            o.priority, o.retry_after_secs
-        ),
-    )
+            self.priority, self.retry_after_secs
+        )
+    }
 }
 
 pub(crate) struct Shedder {
@@ -169,6 +181,14 @@ impl Shedder {
             utilisation,
             retry_after_secs: self.retry_after_secs,
         };
+        if crate::grpc::is_grpc(parts) {
+            // `UNAVAILABLE` with a retry pushback: gRPC clients retry it.
+            return Verdict::Shed(crate::response::unavailable(
+                true,
+                self.retry_after_secs,
+                &o.detail(),
+            ));
+        }
         let mut res = (self.on_shed)(&o);
         res.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs));
