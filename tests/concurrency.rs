@@ -799,3 +799,95 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
     )
     .await;
 }
+
+// ---------------------------------------------------------------------------
+// gRPC
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn grpc_calls_are_answered_with_grpc_statuses_and_a_streaming_call_holds_its_slot_until_it_ends(
+) {
+    use tonic::transport::server::TcpIncoming;
+    use tonic::transport::{Channel, Server};
+    use tonic::Code;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    use tonic_types::StatusExt;
+    use tower_ratelimit::shed::{LoadShedLayer, Priority};
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    // Capacity 2: normal calls may use one of it, critical ones both.
+    let shed = LoadShedLayer::builder()
+        .capacity(2)
+        .classify(|parts| {
+            parts
+                .headers
+                .get("x-priority")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(Priority::Normal)
+        })
+        .build()
+        .unwrap();
+    let concurrency = ConcurrencyLimitLayer::builder().limit(1).build().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(tower::ServiceBuilder::new().layer(shed).layer(concurrency))
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = HealthClient::new(channel);
+    let check = |priority: &'static str| {
+        let mut r = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        r.metadata_mut()
+            .insert("x-priority", priority.parse().unwrap());
+        r
+    };
+
+    // A server-streaming call: its slot and admission are held while the stream is open.
+    let stream = c.watch(check("critical")).await.unwrap();
+    let status = c.check(check("normal")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "shed: {status:?}");
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "1000"
+    );
+    let status = c.check(check("critical")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("concurrent"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(status.metadata().get("x-ratelimit-limit").unwrap(), "1");
+    assert_eq!(
+        status.get_details_retry_info().unwrap().retry_delay,
+        Some(Duration::from_secs(1))
+    );
+
+    // The client cancels the stream: the server drops its body and frees the slot.
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.check(check("normal")).await {
+            Ok(_) => break,
+            Err(s) => assert!(
+                Instant::now() < deadline,
+                "the cancelled stream's slot was never freed: {s:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

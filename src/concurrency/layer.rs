@@ -30,7 +30,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// A request takes a slot before the inner service is called and gives it
 /// back when its response body has been sent, or when it is dropped, fails
 /// or panics first. Over the limit, it is answered `429 Too Many Requests`
-/// with `Retry-After` and headers that tell the in-flight limit.
+/// with `Retry-After` and headers that tell the in-flight limit — or, for a
+/// gRPC call, `RESOURCE_EXHAUSTED` with the same metadata and a retry delay
+/// (see [`crate::grpc`]).
 ///
 /// Cheap to clone: clones share one limiter.
 ///
@@ -242,7 +244,8 @@ impl ConcurrencyLimitLayerBuilder {
         self
     }
 
-    /// Replaces the 429 response (the limit headers and `Retry-After` are still added).
+    /// Replaces the 429 response to HTTP requests (the limit headers and
+    /// `Retry-After` are still added); gRPC calls get `RESOURCE_EXHAUSTED`.
     ///
     /// ```
     /// use bytes::Bytes;

@@ -32,7 +32,8 @@ pub const DEFAULT_SHARES: [(Priority, f64); 4] = [
 /// 90 % and critical all of it — so as load rises test traffic is shed first,
 /// then low, then normal, and critical last, with the top 10 % reserved for
 /// it. A shed request is answered `503 Service Unavailable` with
-/// `Retry-After` and a problem+json body; the inner service is not called.
+/// `Retry-After` and a problem+json body (a gRPC call: `UNAVAILABLE` with a
+/// retry pushback); the inner service is not called.
 ///
 /// Load is the number of requests in flight through this layer against a
 /// [`capacity`](LoadShedLayerBuilder::capacity), and/or a
@@ -245,7 +246,8 @@ impl LoadShedLayerBuilder {
         self
     }
 
-    /// Replaces the 503 response (`Retry-After` is still added).
+    /// Replaces the 503 response to HTTP requests (`Retry-After` is still
+    /// added); gRPC calls get `UNAVAILABLE`.
     ///
     /// ```
     /// use bytes::Bytes;
