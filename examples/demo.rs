@@ -32,7 +32,7 @@ use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::shed::{LoadShedLayer, Priority};
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
+use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
 
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
@@ -88,6 +88,19 @@ struct Args {
     /// Shed requests by `x-priority` (critical, normal, low, test) with this many in flight.
     #[arg(long)]
     shed_capacity: Option<u64>,
+    /// `strict`: one store call per request; `coordinated`: local drops from
+    /// fleet counts synced through Redis (needs `--store redis`).
+    #[arg(long, value_enum, default_value_t = Mode::Strict)]
+    mode: Mode,
+    /// How often the coordinated mode syncs with Redis.
+    #[arg(long, default_value = "1s", value_parser = common::parse_duration)]
+    sync_interval: Duration,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Strict,
+    Coordinated,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -239,7 +252,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .shadow(args.shadow);
         if let Some(store) = redis {
+            if let Mode::Coordinated = args.mode {
+                builder = builder
+                    .coordinated(Coordinated::new(store.clone()).sync_interval(args.sync_interval));
+            }
             builder = builder.store(store);
+        } else if let Mode::Coordinated = args.mode {
+            return Err("--mode coordinated needs --store redis".into());
         }
         let layer = builder.build()?;
         // Added after `.layer`, so the status route itself is never counted.
