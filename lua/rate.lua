@@ -1,0 +1,28 @@
+-- Shared arithmetic of the token bucket and GCRA: twin of src/algorithm/rate.rs.
+-- Part of the charge, refund and status scripts (see lua/charge.lua); defines
+-- local helpers only.
+--
+-- A rate quota q carries q.a = unit (fine units per token), q.b = per_ms
+-- (fine units refilled per ms), q.c = capacity (burst * unit). Every value
+-- stays below 2^53, so doubles are exact; math.fmod is exact too.
+
+-- ceil(x / y) for non-negative integers, exactly.
+local function ceil_div(x, y)
+  local r = math.fmod(x, y)
+  return (x - r) / y + (r > 0 and 1 or 0)
+end
+
+-- Whether `cost` fits a backlog of `d` fine units (a cost above the burst
+-- never does: cost * unit > capacity).
+local function rate_fits(q, d, cost)
+  return d + cost * q.a <= q.c
+end
+
+-- Fine units a refund may give back at time `at` to a charge whose bucket
+-- would have been full again at `id`: the part not yet refilled, never more
+-- than the charge.
+local function rate_refundable(q, id, at, cost)
+  local unrefilled = 0
+  if id > at then unrefilled = (id - at) * q.b end
+  return math.min(unrefilled, cost * q.a, q.c)
+end
