@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tower_ratelimit::key::{ClientIp, Header, Key, KeyExtractor};
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
+use tower_ratelimit::{DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
 
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
@@ -51,6 +51,37 @@ struct Args {
     /// Which rate-limit headers responses carry.
     #[arg(long, value_enum, default_value_t = Headers::Github)]
     headers: Headers,
+    /// What a store failure does: admit (`open`), 503 (`closed`) or limit locally (`local`).
+    #[arg(long, value_enum, default_value_t = OnError::Open)]
+    on_store_error: OnError,
+    /// With `--on-store-error local`: the share of each quota this instance admits alone.
+    #[arg(long, default_value_t = 0.25)]
+    local_share: f64,
+    /// Latency budget of one store call.
+    #[arg(long, default_value = "50ms", value_parser = common::parse_duration)]
+    store_timeout: Duration,
+    /// Reject keys already rejected until their Retry-After without a store call.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    deny_cache: OnOff,
+    /// Never reject; count and log would-be rejections.
+    #[arg(long)]
+    shadow: bool,
+    /// Serve Prometheus metrics (text format) on this address at `/metrics`.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OnError {
+    Open,
+    Closed,
+    Local,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -102,6 +133,15 @@ async fn status(Path(code): Path<u16>) -> Result<StatusCode, (StatusCode, &'stat
     StatusCode::from_u16(code).map_err(|_| (StatusCode::BAD_REQUEST, "not a status code\n"))
 }
 
+/// Installs a Prometheus recorder and serves its text on `addr` at `/metrics`.
+async fn serve_metrics(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let app = Router::new().route("/metrics", get(move || std::future::ready(handle.render())));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(())
+}
+
 /// GitHub-style `GET /rate_limit`: the caller's state, read without charging.
 async fn rate_limit(State(layer): State<RateLimitLayer>, req: Request) -> Response {
     let (parts, _) = req.into_parts();
@@ -130,6 +170,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
 
+    if let Some(addr) = args.metrics_listen {
+        serve_metrics(addr).await?;
+    }
+
     let mut app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
@@ -144,7 +188,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Headers::Ietf => HeaderStyle::Ietf,
                 Headers::Both => HeaderStyle::Both,
                 Headers::None => HeaderStyle::None,
-            });
+            })
+            .on_store_error(match args.on_store_error {
+                OnError::Open => OnStoreError::FailOpen,
+                OnError::Closed => OnStoreError::FailClosed,
+                OnError::Local => OnStoreError::Local {
+                    fraction: args.local_share,
+                },
+            })
+            .store_timeout(args.store_timeout)
+            .deny_cache(match args.deny_cache {
+                OnOff::On => DenyCache::new(),
+                OnOff::Off => DenyCache::disabled(),
+            })
+            .shadow(args.shadow);
         if let StoreKind::Redis = args.store {
             let mut store = RedisStore::builder(&args.redis_url);
             for r in &args.replica_url {

@@ -29,8 +29,16 @@ pub enum StoreError {
     #[error("rate limit store unavailable: {0}")]
     Unavailable(String),
     /// The store answered with an error (e.g. Redis `OOM`, `BUSY`, `READONLY`).
-    #[error("rate limit store answered an error: {0}")]
-    Response(String),
+    #[error("rate limit store answered an error: {message}")]
+    Response {
+        /// The error code (`OOM`, `BUSY`, `READONLY`, …), if the store sent one.
+        code: Option<String>,
+        /// The whole error.
+        message: String,
+    },
+    /// The circuit breaker is open: the store was not called.
+    #[error("rate limit store circuit is open after repeated failures")]
+    CircuitOpen,
     /// The store's answer did not have the expected shape.
     #[error("rate limit store answered something unexpected: {0}")]
     Protocol(String),
@@ -46,12 +54,20 @@ pub enum StoreError {
 
 impl StoreError {
     /// A short, stable label for logs and metrics: `timeout`, `unavailable`,
-    /// `response`, `protocol` or `full`.
+    /// `circuit_open`, `oom`, `busy`, `readonly`, `loading`, `response` (other
+    /// error replies), `protocol` or `full`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
             StoreError::Unavailable(_) => "unavailable",
-            StoreError::Response(_) => "response",
+            StoreError::CircuitOpen => "circuit_open",
+            StoreError::Response { code, .. } => match code.as_deref() {
+                Some("OOM") => "oom",
+                Some("BUSY") => "busy",
+                Some("READONLY") => "readonly",
+                Some("LOADING") => "loading",
+                _ => "response",
+            },
             StoreError::Protocol(_) => "protocol",
             StoreError::Full { .. } => "full",
         }

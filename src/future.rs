@@ -4,7 +4,7 @@ use crate::body::ResponseBody;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::{Key, KeyError};
-use crate::limiter::{BoxFuture, Charged, KeySource, Limiter, PolicySource, Verdict};
+use crate::limiter::{BoxFuture, Charged, KeySource, Limiter, Pending, PolicySource, Verdict};
 use crate::quota::Policy;
 use crate::store::StoreFuture;
 use bytes::Bytes;
@@ -35,7 +35,7 @@ pin_project! {
         state: State<S::Future>,
         waiting: Option<Waiting<S, B>>,
         charged: Option<Charged>,
-        resolved: Option<(Key, Policy, u64, u64)>,
+        pending: Option<Pending>,
         limiter: Arc<Limiter>,
     }
 }
@@ -64,7 +64,7 @@ where
             state: State::Answered { res: None },
             waiting: None,
             charged: None,
-            resolved: None,
+            pending: None,
             limiter: limiter.clone(),
         };
         let key = match &limiter.key {
@@ -86,7 +86,10 @@ where
         };
         let key = match key {
             Ok(Some(key)) => key,
-            Ok(None) => return this.forward_now(service, parts, body),
+            Ok(None) => {
+                limiter.exempt();
+                return this.forward_now(service, parts, body);
+            }
             Err(e) => return this.answer(limiter.key_error(&e)),
         };
         match &limiter.policy {
@@ -110,10 +113,10 @@ where
         let limiter = self.limiter.clone();
         let cost = limiter.cost(&parts);
         let now = limiter.clock.now_ms();
-        let mut fut = limiter.charge(&key, &policy, cost, now);
+        let (mut fut, pending) = limiter.charge(key, policy, cost, now);
         match fut.now_or_never() {
-            // The memory store answers at once: decide without another poll.
-            Some(result) => match limiter.verdict(key, policy, cost, now, result) {
+            // The memory store (or the deny cache) answers at once: decide without another poll.
+            Some(result) => match limiter.verdict(pending, result) {
                 Verdict::Forward(charged) => {
                     self.charged = charged;
                     self.forward_now(service, parts, body)
@@ -121,7 +124,7 @@ where
                 Verdict::Answer(res) => self.answer(res),
             },
             None => {
-                self.resolved = Some((key, policy, cost, now));
+                self.pending = Some(pending);
                 self.state = State::Charging { fut };
                 self.wait(service, parts, body);
                 self
@@ -198,12 +201,13 @@ where
                         Ok(Some((key, policy))) => {
                             let cost = this.limiter.cost(&waiting.parts);
                             let now = this.limiter.clock.now_ms();
-                            let fut = this.limiter.charge(&key, &policy, cost, now);
-                            *this.resolved = Some((key, policy, cost, now));
+                            let (fut, pending) = this.limiter.charge(key, policy, cost, now);
+                            *this.pending = Some(pending);
                             *this.waiting = Some(waiting);
                             this.state.set(State::Charging { fut });
                         }
                         Ok(None) => {
+                            this.limiter.exempt();
                             let Waiting {
                                 mut service,
                                 parts,
@@ -220,9 +224,8 @@ where
                 }
                 StateProj::Charging { fut } => {
                     let result = ready!(Pin::new(fut).poll(cx));
-                    let (key, policy, cost, now) =
-                        this.resolved.take().expect("charge inputs kept");
-                    match this.limiter.verdict(key, policy, cost, now, result) {
+                    let pending = this.pending.take().expect("charge inputs kept");
+                    match this.limiter.verdict(pending, result) {
                         Verdict::Forward(charged) => {
                             *this.charged = charged;
                             let Waiting {

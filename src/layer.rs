@@ -1,6 +1,8 @@
 //! [`RateLimitLayer`] and its builder.
 
+use crate::breaker::{Breaker, CircuitBreaker};
 use crate::clock::{Clock, SystemClock};
+use crate::deny_cache::{Denials, DenyCache};
 use crate::error::ConfigError;
 use crate::headers::HeaderStyle;
 use crate::key::{Key, KeyError, KeyExtractor};
@@ -207,6 +209,9 @@ pub struct RateLimitLayerBuilder {
     on_key_error: Arc<crate::limiter::KeyErrorFn>,
     on_store_error: OnStoreError,
     store_timeout: Duration,
+    shadow: bool,
+    breaker: CircuitBreaker,
+    deny_cache: DenyCache,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -224,6 +229,9 @@ impl Default for RateLimitLayerBuilder {
             on_key_error: Arc::new(response::default_key_error),
             on_store_error: OnStoreError::default(),
             store_timeout: DEFAULT_STORE_TIMEOUT,
+            shadow: false,
+            breaker: CircuitBreaker::new(),
+            deny_cache: DenyCache::new(),
         }
     }
 }
@@ -535,6 +543,59 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Shadow mode: decide and record as usual, but never reject. Would-be
+    /// rejections are counted (`ratelimit_shadow_rejections_total`) and logged,
+    /// and the inner service sees every request — watch a new limit before
+    /// enforcing it.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
+    ///     .shadow(true)
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// The circuit breaker in front of the store (default [`CircuitBreaker::new`]:
+    /// open after 5 consecutive failures, probe after 1 s).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{CircuitBreaker, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
+    ///     .circuit_breaker(CircuitBreaker::new().failures(3).cooldown(Duration::from_millis(250)))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// The local deny cache (default [`DenyCache::new`], used with network stores only).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{DenyCache, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
+    ///     .deny_cache(DenyCache::disabled())
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn deny_cache(mut self, cache: DenyCache) -> Self {
+        self.deny_cache = cache;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let name_ok = !self.name.is_empty()
@@ -557,10 +618,26 @@ impl RateLimitLayerBuilder {
         if self.store_timeout.is_zero() {
             return Err(ConfigError::new("the store timeout must be above zero"));
         }
+        let fallback = match self.on_store_error {
+            OnStoreError::Local { fraction } if !(fraction > 0.0 && fraction <= 1.0) => {
+                return Err(ConfigError::new(format!(
+                    "OnStoreError::Local needs a fraction in (0, 1], got {fraction}"
+                )))
+            }
+            OnStoreError::Local { .. } => Some(MemoryStore::new()),
+            _ => None,
+        };
+        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        // The memory store answers locally: a deny cache in front of it only costs.
+        let denials = if store.is_local() {
+            None
+        } else {
+            Denials::new(self.deny_cache)
+        };
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 namespace: Namespace::new(&self.name),
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                store,
                 clock: self.clock,
                 key: self
                     .key
@@ -573,7 +650,12 @@ impl RateLimitLayerBuilder {
                 on_key_error: self.on_key_error,
                 on_store_error: self.on_store_error,
                 store_timeout: self.store_timeout,
+                shadow: self.shadow,
+                breaker: Breaker::new(self.breaker),
+                denials,
+                fallback,
                 log: LogThrottle::default(),
+                metrics: Default::default(),
             }),
         })
     }

@@ -20,21 +20,26 @@
 
 mod algorithm;
 mod body;
+mod breaker;
 pub mod clock;
 mod decision;
+mod deny_cache;
 mod error;
 mod future;
 pub mod headers;
 pub mod key;
 mod layer;
 mod limiter;
+pub mod metrics;
 pub mod quota;
 mod response;
 mod service;
 pub mod store;
 
 pub use body::ResponseBody;
+pub use breaker::CircuitBreaker;
 pub use decision::{Decision, QuotaStatus, RejectReason};
+pub use deny_cache::DenyCache;
 pub use error::{ConfigError, StoreError};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;

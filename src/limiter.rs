@@ -1,21 +1,25 @@
-//! The limiter every clone of a layer shares: configuration, store and clock behind one `Arc`.
+//! The limiter every clone of a layer shares: configuration, store, clock,
+//! breaker, deny cache and metrics behind one `Arc`.
 
+use crate::breaker::{Admit, Breaker, BreakerState};
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::deny_cache::Denials;
 use crate::error::StoreError;
 use crate::headers::{self, HeaderStyle};
 use crate::key::{Key, KeyError, KeyExtractor};
+use crate::metrics::Metrics;
 use crate::quota::Policy;
 use crate::response::{self, Rejection};
-use crate::store::{Charge, Namespace, Refund, Store, StoreFuture};
+use crate::store::{Charge, MemoryStore, Namespace, Refund, Store, StoreFuture};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Response, StatusCode};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub(crate) type AsyncKeyFn =
@@ -28,16 +32,32 @@ pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 pub(crate) type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type KeyErrorFn = dyn Fn(&KeyError) -> Response<Bytes> + Send + Sync;
 
-/// What the layer does when the store cannot answer (error, timeout).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What the layer does when the store cannot answer (error, timeout, open breaker).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub enum OnStoreError {
-    /// Admit the request, without rate-limit headers (the default: the limiter is
-    /// never less available than what it protects).
+    /// Admit the request, without rate-limit headers (the default: the limiter
+    /// is never less available than what it protects).
     #[default]
     FailOpen,
     /// Answer 503 with `Retry-After` without calling the inner service.
     FailClosed,
+    /// Limit locally, in this process's memory, to `fraction` of each quota
+    /// (e.g. `1.0 / expected_instances`) until the store answers again.
+    Local {
+        /// Share of each quota's limit this instance admits on its own (0 < fraction ≤ 1).
+        fraction: f64,
+    },
+}
+
+impl OnStoreError {
+    fn label(self) -> &'static str {
+        match self {
+            OnStoreError::FailOpen => "open",
+            OnStoreError::FailClosed => "closed",
+            OnStoreError::Local { .. } => "local",
+        }
+    }
 }
 
 pub(crate) enum KeySource {
@@ -64,17 +84,46 @@ pub(crate) struct Limiter {
     pub(crate) on_key_error: Arc<KeyErrorFn>,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) store_timeout: Duration,
+    pub(crate) shadow: bool,
+    pub(crate) breaker: Breaker,
+    pub(crate) denials: Option<Denials>,
+    /// The in-process store used by [`OnStoreError::Local`].
+    pub(crate) fallback: Option<MemoryStore>,
     pub(crate) log: LogThrottle,
+    pub(crate) metrics: OnceLock<Metrics>,
+}
+
+/// Where a charge's answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The store; `started` is set when the call had to wait (network stores).
+    Store { started: Option<Instant> },
+    /// The local deny cache.
+    DenyCache,
+    /// The open circuit breaker (the store was not called).
+    Breaker,
+}
+
+/// A charge in flight, with what is needed to act on its answer.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) key: Key,
+    pub(crate) policy: Policy,
+    pub(crate) cost: u64,
+    pub(crate) now_ms: u64,
+    pub(crate) source: Source,
 }
 
 /// What the request was charged: enough to add headers and to refund.
 #[derive(Debug)]
 pub(crate) struct Charged {
-    pub(crate) key: Key,
-    pub(crate) policy: Policy,
-    pub(crate) cost: u64,
-    pub(crate) now_ms: u64,
-    pub(crate) decision: Decision,
+    key: Key,
+    policy: Policy,
+    cost: u64,
+    now_ms: u64,
+    decision: Decision,
+    /// Charged to the local fallback store, not the configured one.
+    local: bool,
 }
 
 /// What to do with a request once its key and policy are known and charged.
@@ -86,62 +135,121 @@ pub(crate) enum Verdict {
 }
 
 impl Limiter {
+    pub(crate) fn metrics(&self) -> &Metrics {
+        self.metrics
+            .get_or_init(|| Metrics::new(self.namespace.name()))
+    }
+
     pub(crate) fn cost(&self, parts: &Parts) -> u64 {
         self.cost.as_ref().map_or(1, |f| f(parts))
     }
 
-    pub(crate) fn charge(
-        &self,
-        key: &Key,
-        policy: &Policy,
-        cost: u64,
-        now_ms: u64,
-    ) -> StoreFuture<Result<Decision, StoreError>> {
-        self.store.charge(&Charge {
+    fn call<'a>(&'a self, key: &'a Key, policy: &'a Policy, cost: u64, now_ms: u64) -> Charge<'a> {
+        Charge {
             namespace: &self.namespace,
             key,
             policy,
             cost,
             now_ms,
             timeout: self.store_timeout,
-        })
+        }
     }
 
-    /// Turns a store answer into what happens next; the rejection is built from
-    /// this one answer only.
-    pub(crate) fn verdict(
+    /// Starts the one store call of a request (or answers from the deny cache,
+    /// or from the open breaker, without calling the store).
+    pub(crate) fn charge(
         &self,
         key: Key,
         policy: Policy,
         cost: u64,
         now_ms: u64,
-        result: Result<Decision, StoreError>,
-    ) -> Verdict {
-        match result {
-            Ok(decision) if decision.is_allowed() => Verdict::Forward(Some(Charged {
-                key,
-                policy,
-                cost,
-                now_ms,
-                decision,
-            })),
-            Ok(decision) => {
-                let binding = decision.binding();
-                let name = policy
-                    .quotas()
-                    .get(binding)
-                    .map(|q| q.name())
-                    .unwrap_or_default();
-                self.log.event(&self.log.rejected, || {
-                    tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
-                });
-                let mut res = (self.on_rejection)(&Rejection {
-                    decision: &decision,
-                    policy_name: &name,
-                });
-                headers::apply(self.headers, &policy, &decision, now_ms, res.headers_mut());
-                Verdict::Answer(res)
+    ) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
+        let pending = |source| Pending {
+            key,
+            policy: policy.clone(),
+            cost,
+            now_ms,
+            source,
+        };
+        if let Some(denials) = &self.denials {
+            if let Some((decision, policy)) = denials.check(&key, cost, now_ms) {
+                let p = Pending {
+                    key,
+                    policy,
+                    cost,
+                    now_ms,
+                    source: Source::DenyCache,
+                };
+                return (StoreFuture::ready(Ok(decision)), p);
             }
+        }
+        match self.breaker.admit(now_ms) {
+            Admit::Call => {}
+            Admit::Probe => self
+                .metrics()
+                .breaker_state
+                .set(BreakerState::HalfOpen as u8 as f64),
+            Admit::Reject => {
+                return (
+                    StoreFuture::ready(Err(StoreError::CircuitOpen)),
+                    pending(Source::Breaker),
+                )
+            }
+        }
+        let mut fut = self.store.charge(&self.call(&key, &policy, cost, now_ms));
+        let started = match fut.now_or_never() {
+            Some(result) => {
+                fut = StoreFuture::ready(result);
+                None
+            }
+            None => Some(Instant::now()),
+        };
+        (fut, pending(Source::Store { started }))
+    }
+
+    /// Turns a store answer into what happens next; the rejection is built from
+    /// this one answer only.
+    pub(crate) fn verdict(&self, p: Pending, result: Result<Decision, StoreError>) -> Verdict {
+        let m = self.metrics();
+        if let Source::Store { started } = p.source {
+            if let Some(t) = started {
+                m.charge_duration.record(t.elapsed().as_secs_f64());
+            }
+            match &result {
+                Ok(_) => {
+                    if self.breaker.success() {
+                        m.breaker_state.set(BreakerState::Closed as u8 as f64);
+                        tracing::info!(
+                            limiter = self.namespace.name(),
+                            "rate limit store answers again; circuit closed"
+                        );
+                    }
+                }
+                Err(StoreError::Full { .. }) => {}
+                Err(_) => {
+                    if self.breaker.failure(p.now_ms) {
+                        m.breaker_state.set(BreakerState::Open as u8 as f64);
+                        tracing::warn!(
+                            limiter = self.namespace.name(),
+                            "rate limit store keeps failing; circuit opened"
+                        );
+                    }
+                }
+            }
+        }
+        match result {
+            Ok(decision) if decision.is_allowed() => {
+                m.allowed.increment(1);
+                Verdict::Forward(Some(Charged {
+                    key: p.key,
+                    policy: p.policy,
+                    cost: p.cost,
+                    now_ms: p.now_ms,
+                    decision,
+                    local: false,
+                }))
+            }
+            Ok(decision) => self.reject(p, decision),
             Err(StoreError::Full { retry_at_ms, .. }) => {
                 self.log.event(&self.log.store_error, || {
                     tracing::warn!(
@@ -149,19 +257,104 @@ impl Limiter {
                         "memory store is at its key cap; new keys are refused (503)"
                     );
                 });
-                let wait = headers::ceil_secs(retry_at_ms.saturating_sub(now_ms));
+                m.store_error("full");
+                let wait = headers::ceil_secs(retry_at_ms.saturating_sub(p.now_ms));
                 Verdict::Answer(response::unavailable(
                     wait,
                     "the rate limiter is tracking its maximum number of clients",
                 ))
             }
-            Err(err) => {
-                self.log.event(&self.log.store_error, || {
-                    tracing::error!(limiter = self.namespace.name(), error = %err, kind = err.kind(), policy = ?self.on_store_error, "rate limit store failed");
-                });
-                match self.on_store_error {
-                    OnStoreError::FailOpen => Verdict::Forward(None),
-                    OnStoreError::FailClosed => Verdict::Answer(response::unavailable(
+            Err(err) => self.store_failed(p, err),
+        }
+    }
+
+    fn reject(&self, p: Pending, decision: Decision) -> Verdict {
+        let m = self.metrics();
+        let name = p
+            .policy
+            .quotas()
+            .get(decision.binding())
+            .map(|q| q.name())
+            .unwrap_or_default();
+        if self.shadow {
+            m.shadow_rejected.increment(1);
+            self.log.event(&self.log.rejected, || {
+                tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit would reject (shadow mode: admitted)");
+            });
+            return Verdict::Forward(None);
+        }
+        m.rejected.increment(1);
+        match p.source {
+            Source::DenyCache => m.deny_cache_hits.increment(1),
+            _ => {
+                if let Some(d) = &self.denials {
+                    d.insert(p.key, p.cost, p.now_ms, &decision, &p.policy);
+                }
+            }
+        }
+        self.log.event(&self.log.rejected, || {
+            tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
+        });
+        let mut res = (self.on_rejection)(&Rejection {
+            decision: &decision,
+            policy_name: &name,
+        });
+        headers::apply(
+            self.headers,
+            &p.policy,
+            &decision,
+            p.now_ms,
+            res.headers_mut(),
+        );
+        Verdict::Answer(res)
+    }
+
+    fn store_failed(&self, p: Pending, err: StoreError) -> Verdict {
+        let m = self.metrics();
+        m.store_error(err.kind());
+        let policy = self.on_store_error;
+        self.log.event(&self.log.store_error, || {
+            tracing::error!(limiter = self.namespace.name(), error = %err, kind = err.kind(), on_store_error = policy.label(), "rate limit store failed");
+        });
+        match policy {
+            OnStoreError::FailOpen => {
+                m.fail_open.increment(1);
+                Verdict::Forward(None)
+            }
+            OnStoreError::FailClosed => {
+                m.fail_closed.increment(1);
+                Verdict::Answer(response::unavailable(
+                    1,
+                    "the rate limiter cannot reach its store",
+                ))
+            }
+            OnStoreError::Local { fraction } => {
+                m.fail_local.increment(1);
+                let local = self
+                    .fallback
+                    .as_ref()
+                    .expect("a local fallback store is built with OnStoreError::Local");
+                let policy = p.policy.scaled(fraction);
+                let result = local
+                    .charge(&self.call(&p.key, &policy, p.cost, p.now_ms))
+                    .now_or_never()
+                    .expect("the memory store answers at once");
+                let p = Pending {
+                    policy,
+                    source: Source::Breaker,
+                    ..p
+                };
+                match result {
+                    Ok(decision) if decision.is_allowed() => Verdict::Forward(Some(Charged {
+                        key: p.key,
+                        policy: p.policy,
+                        cost: p.cost,
+                        now_ms: p.now_ms,
+                        decision,
+                        local: true,
+                    })),
+                    Ok(decision) => self.reject(p, decision),
+                    Err(_) => Verdict::Answer(response::unavailable(
                         1,
                         "the rate limiter cannot reach its store",
                     )),
@@ -170,7 +363,12 @@ impl Limiter {
         }
     }
 
+    pub(crate) fn exempt(&self) {
+        self.metrics().exempt.increment(1);
+    }
+
     pub(crate) fn key_error(&self, err: &KeyError) -> Response<Bytes> {
+        self.metrics().key_error.increment(1);
         self.log.event(&self.log.key_error, || {
             tracing::error!(limiter = self.namespace.name(), error = %err, "rate limit key extraction failed");
         });
@@ -179,7 +377,12 @@ impl Limiter {
 
     /// After the inner service answered: refund if the response is free, then
     /// write the headers (showing the refunded remaining).
-    pub(crate) fn finish(&self, mut charged: Charged, status: StatusCode, headers: &mut HeaderMap) {
+    pub(crate) fn finish(
+        self: &Arc<Self>,
+        mut charged: Charged,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+    ) {
         if (self.refund)(status, headers) {
             self.spawn_refund(&charged);
             for s in charged.decision.statuses_mut() {
@@ -195,35 +398,46 @@ impl Limiter {
         );
     }
 
-    fn spawn_refund(&self, c: &Charged) {
-        let mut fut = self.store.refund(&Refund {
-            charge: Charge {
-                namespace: &self.namespace,
-                key: &c.key,
-                policy: &c.policy,
-                cost: c.cost,
-                now_ms: c.now_ms,
-                timeout: self.store_timeout,
-            },
+    fn spawn_refund(self: &Arc<Self>, c: &Charged) {
+        let store: &dyn Store = match (&self.fallback, c.local) {
+            (Some(local), true) => local,
+            _ => &*self.store,
+        };
+        let mut fut = store.refund(&Refund {
+            charge: self.call(&c.key, &c.policy, c.cost, c.now_ms),
             decision: &c.decision,
         });
-        let failed = |err: StoreError| {
-            tracing::warn!(error = %err, kind = err.kind(), "rate limit refund failed; the charge stands");
-        };
         match fut.now_or_never() {
-            Some(Ok(())) => {}
-            Some(Err(e)) => failed(e),
+            Some(result) => self.refunded(result, None),
             None => match tokio::runtime::Handle::try_current() {
                 // Off the response path: the client never waits for a refund.
                 Ok(rt) => {
+                    let this = self.clone();
+                    let started = Instant::now();
                     rt.spawn(async move {
-                        if let Err(e) = fut.await {
-                            failed(e);
-                        }
+                        let result = fut.await;
+                        this.refunded(result, Some(started));
                     });
                 }
                 Err(_) => tracing::warn!("no tokio runtime to run a refund on; the charge stands"),
             },
+        }
+    }
+
+    fn refunded(&self, result: Result<(), StoreError>, started: Option<Instant>) {
+        let m = self.metrics();
+        if let Some(t) = started {
+            m.refund_duration.record(t.elapsed().as_secs_f64());
+        }
+        match result {
+            Ok(()) => m.refunds_ok.increment(1),
+            Err(err) => {
+                m.refunds_failed.increment(1);
+                m.store_error(err.kind());
+                self.log.event(&self.log.store_error, || {
+                    tracing::warn!(limiter = self.namespace.name(), error = %err, kind = err.kind(), "rate limit refund failed; the charge stands");
+                });
+            }
         }
     }
 }

@@ -387,6 +387,24 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// The same quotas with each limit multiplied by `fraction` (at least 1):
+    /// what one instance admits on its own when the shared store is down.
+    pub(crate) fn scaled(&self, fraction: f64) -> Policy {
+        let quotas: Vec<Quota> = self
+            .quotas
+            .iter()
+            .map(|q| Quota {
+                limit: ((q.limit as f64 * fraction).floor() as u64).max(1),
+                ..q.clone()
+            })
+            .collect();
+        Policy {
+            quotas: quotas.into(),
+        }
+    }
+}
+
 impl From<Quota> for Policy {
     fn from(q: Quota) -> Self {
         Policy::new(q)

@@ -104,7 +104,7 @@ fn expired_state_is_reclaimed_so_new_keys_fit_after_the_window() {
             held += 1;
         }
     }
-    assert!(held <= 1_000 && held >= 500, "{held}");
+    assert!((500..=1_000).contains(&held), "{held}");
     assert!(matches!(
         charge(&store, &ns, key(5_000), &policy, 500),
         Err(StoreError::Full { .. })

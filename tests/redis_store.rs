@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
-use tower_ratelimit::store::{Charge, EvictionCheck, Namespace, RedisStore, Refund, Store, TimeSource};
-use tower_ratelimit::{OnStoreError, Policy, Quota, RateLimitLayer, StoreError};
+use tower_ratelimit::store::{
+    Charge, EvictionCheck, Namespace, RedisStore, Refund, Store, TimeSource,
+};
+use tower_ratelimit::{DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError};
 
 fn app() -> Router {
     Router::new()
@@ -31,6 +33,8 @@ fn layer(store: RedisStore, limit: u64, window: Duration, clock: &ManualClock) -
         .clock(clock.clone())
         .store_timeout(Duration::from_secs(2))
         .on_store_error(OnStoreError::FailClosed)
+        // Every request goes to Redis here; tests/redis_faults.rs covers the deny cache.
+        .deny_cache(DenyCache::disabled())
         .build()
         .unwrap()
 }
@@ -53,19 +57,15 @@ fn script_calls(server: &RedisServer) -> u64 {
     server.command_calls("evalsha") + server.command_calls("eval")
 }
 
-/// Every command Redis counted, except the ones this test sends itself.
-fn all_calls_but_ours(server: &RedisServer) -> u64 {
-    let stats = server.info_section("commandstats");
-    stats
+/// Commands clients sent (not the ones scripts ran inside Redis, nor the
+/// test's own `INFO`/`ECHO`), by name.
+fn client_commands(entries: &[redis_support::MonitorEntry]) -> Vec<String> {
+    entries
         .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "cmdstat_info" | "cmdstat_config"))
-        .map(|(_, v)| {
-            v.split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0)
-        })
-        .sum()
+        .filter(|e| !e.is_from_script())
+        .map(|e| e.command())
+        .filter(|c| c != "INFO" && c != "ECHO")
+        .collect()
 }
 
 #[tokio::test]
@@ -76,13 +76,30 @@ async fn one_command_per_allowed_or_rejected_request_and_two_per_refunded_304() 
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let store = RedisStore::new(server.url()).unwrap();
-    let http = TestServer::start(app().layer(layer(store, 100, Duration::from_secs(60), &clock))).await;
+    let warm_key = store.redis_key(&Namespace::new("default"), &Key::new("warmup"));
+    let http =
+        TestServer::start(app().layer(layer(store, 100, Duration::from_secs(60), &clock))).await;
     let c = HttpClient::new();
     let url = http.url("/");
-    // Load the script once, then count from zero.
-    c.get_with(&url, &[("x-client", b"warmup")]).await;
+    // Load the script and open every connection (2 by default), then count from zero.
+    for _ in 0..4 {
+        c.get_with(&url, &[("x-client", b"warmup")]).await;
+    }
+    // ... and load the refund script too (its first EVALSHA answers NOSCRIPT).
+    c.get_with(&http.url("/not-modified"), &[("x-client", b"warmup")])
+        .await;
+    // Its refund has landed once the warm-up key is back to 4 units.
+    let refunded = || {
+        server
+            .cmd(&["HGET", &warm_key, "fw60000c"])
+            .try_string()
+            .as_deref()
+            == Some("4")
+    };
+    assert!(eventually(Duration::from_secs(10), refunded).await);
     server.config_resetstat();
 
+    let monitor = server.monitor();
     let mut statuses = [0usize; 2];
     for _ in 0..300 {
         let r = c.get_with(&url, &[("x-client", b"a")]).await;
@@ -90,18 +107,37 @@ async fn one_command_per_allowed_or_rejected_request_and_two_per_refunded_304() 
     }
     assert_eq!(statuses, [100, 200]);
     assert_eq!(script_calls(&server), 300);
-    assert_eq!(all_calls_but_ours(&server), 300, "no PING, no second read");
+    let sent = client_commands(&monitor.stop());
+    let others: Vec<_> = sent.iter().filter(|c| *c != "EVALSHA").collect();
+    assert_eq!(
+        sent.len(),
+        300,
+        "one command per request, no PING, no second read; others: {others:?}"
+    );
+    assert!(sent.iter().all(|c| c == "EVALSHA"));
 
     server.config_resetstat();
+    let monitor = server.monitor();
     for _ in 0..100 {
-        let r = c.get_with(&http.url("/not-modified"), &[("x-client", b"b")]).await;
+        let r = c
+            .get_with(&http.url("/not-modified"), &[("x-client", b"b")])
+            .await;
         assert_eq!(r.status, StatusCode::NOT_MODIFIED);
-        assert_eq!(r.header_u64("x-ratelimit-remaining"), 100);
+        // Refunds land in the background: a 304 sees at most the one in flight
+        // before it, and shows its own refund.
+        assert!(r.header_u64("x-ratelimit-remaining") >= 99);
     }
     // Refunds run in the background: wait for them, then check none is extra.
     assert!(eventually(Duration::from_secs(10), || script_calls(&server) >= 200).await);
     assert_eq!(script_calls(&server), 200);
-    assert_eq!(all_calls_but_ours(&server), 200);
+    let sent = client_commands(&monitor.stop());
+    assert_eq!(sent.len(), 200, "a charge and a refund per 304");
+    let r = c.get_with(&url, &[("x-client", b"b")]).await;
+    assert_eq!(
+        r.header_u64("x-ratelimit-remaining"),
+        99,
+        "the 304s cost nothing in the end"
+    );
     assert_every_key_has_a_ttl(&server);
 }
 
@@ -111,7 +147,11 @@ fn four_layers_with_their_own_pools_admit_exactly_the_quota_under_64_tasks() {
         return;
     }
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let clock = ManualClock::new(SystemClock.now_ms());
         let quota = 500;
@@ -138,7 +178,10 @@ fn four_layers_with_their_own_pools_admit_exactly_the_quota_under_64_tasks() {
             let admitted = admitted.clone();
             tasks.push(tokio::spawn(async move {
                 for _ in 0..20 {
-                    let req = http::Request::get("/").header("x-client", "shared").body(axum::body::Body::empty()).unwrap();
+                    let req = http::Request::get("/")
+                        .header("x-client", "shared")
+                        .body(axum::body::Body::empty())
+                        .unwrap();
                     let res = app.clone().oneshot(req).await.unwrap();
                     match res.status() {
                         StatusCode::OK => {
@@ -160,7 +203,8 @@ fn four_layers_with_their_own_pools_admit_exactly_the_quota_under_64_tasks() {
 }
 
 #[tokio::test]
-async fn one_reset_per_window_across_second_boundaries_and_rejections_show_zero_and_a_future_reset() {
+async fn one_reset_per_window_across_second_boundaries_and_rejections_show_zero_and_a_future_reset()
+{
     if !require_redis() {
         return;
     }
@@ -169,7 +213,8 @@ async fn one_reset_per_window_across_second_boundaries_and_rejections_show_zero_
     let start = SystemClock.now_ms() / 1000 * 1000 + 400;
     let clock = ManualClock::new(start);
     let store = RedisStore::new(server.url()).unwrap();
-    let http = TestServer::start(app().layer(layer(store, 4, Duration::from_secs(10), &clock))).await;
+    let http =
+        TestServer::start(app().layer(layer(store, 4, Duration::from_secs(10), &clock))).await;
     let c = HttpClient::new();
     let url = http.url("/");
     let want_reset = (start + 10_000).div_ceil(1000);
@@ -189,7 +234,13 @@ async fn one_reset_per_window_across_second_boundaries_and_rejections_show_zero_
     assert_every_key_has_a_ttl(&server);
 }
 
-fn charge<'a>(ns: &'a Namespace, key: &'a Key, policy: &'a Policy, cost: u64, now_ms: u64) -> Charge<'a> {
+fn charge<'a>(
+    ns: &'a Namespace,
+    key: &'a Key,
+    policy: &'a Policy,
+    cost: u64,
+    now_ms: u64,
+) -> Charge<'a> {
     Charge {
         namespace: ns,
         key,
@@ -207,26 +258,53 @@ async fn a_stale_replica_reports_a_fresh_window_not_the_old_counts() {
     }
     let primary = RedisServer::start();
     let replica = RedisServer::replica_of(&primary);
-    let store = RedisStore::builder(primary.url()).replica(replica.url()).build().unwrap();
+    let store = RedisStore::builder(primary.url())
+        .replica(replica.url())
+        .build()
+        .unwrap();
     let ns = Namespace::new("replica");
     let key = Key::new("client");
     let policy = Policy::new(Quota::new(10, Duration::from_secs(60)).unwrap());
     let t0 = SystemClock.now_ms();
     for _ in 0..2 {
-        assert!(store.charge(&charge(&ns, &key, &policy, 1, t0)).await.unwrap().is_allowed());
+        assert!(store
+            .charge(&charge(&ns, &key, &policy, 1, t0))
+            .await
+            .unwrap()
+            .is_allowed());
     }
     replica.wait_for_sync(&primary);
     // Detach the replica while the window is open; the primary moves on.
     replica.cmd(&["REPLICAOF", "NO", "ONE"]);
-    store.charge(&charge(&ns, &key, &policy, 1, t0)).await.unwrap();
-    let seen = store.status(&charge(&ns, &key, &policy, 0, t0 + 1)).await.unwrap();
-    assert_eq!(seen.statuses()[0].remaining, 8, "status reads the replica (2 used there, 3 on the primary)");
+    store
+        .charge(&charge(&ns, &key, &policy, 1, t0))
+        .await
+        .unwrap();
+    let seen = store
+        .status(&charge(&ns, &key, &policy, 0, t0 + 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        seen.statuses()[0].remaining,
+        8,
+        "status reads the replica (2 used there, 3 on the primary)"
+    );
 
     // The window's reset has passed, but the key's TTL (reset + 1 s, real time) has not.
     let redis_key = store.redis_key(&ns, &key);
-    assert!(replica.cmd(&["PTTL", &redis_key]).as_int() > 0, "the stale key is still on the replica");
-    let after = store.status(&charge(&ns, &key, &policy, 0, t0 + 60_000)).await.unwrap();
-    assert_eq!(after.statuses()[0].remaining, 10, "a window past its reset reads as fresh");
+    assert!(
+        replica.cmd(&["PTTL", &redis_key]).as_int() > 0,
+        "the stale key is still on the replica"
+    );
+    let after = store
+        .status(&charge(&ns, &key, &policy, 0, t0 + 60_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.statuses()[0].remaining,
+        10,
+        "a window past its reset reads as fresh"
+    );
     assert_eq!(after.statuses()[0].reset_ms, t0 + 120_000);
     assert_every_key_has_a_ttl(&primary);
 }
@@ -245,7 +323,10 @@ async fn a_refund_that_arrives_after_its_window_ended_does_not_touch_the_new_win
     let old = charge(&ns, &key, &policy, 3, t0);
     let old_decision = store.charge(&old).await.unwrap();
     // The next window opens and spends 2.
-    let new_decision = store.charge(&charge(&ns, &key, &policy, 2, t0 + 1_000)).await.unwrap();
+    let new_decision = store
+        .charge(&charge(&ns, &key, &policy, 2, t0 + 1_000))
+        .await
+        .unwrap();
     assert_eq!(new_decision.statuses()[0].remaining, 3);
     store
         .refund(&Refund {
@@ -254,8 +335,15 @@ async fn a_refund_that_arrives_after_its_window_ended_does_not_touch_the_new_win
         })
         .await
         .unwrap();
-    let now = store.status(&charge(&ns, &key, &policy, 0, t0 + 1_002)).await.unwrap();
-    assert_eq!(now.statuses()[0].remaining, 3, "the late refund was not applied to the new window");
+    let now = store
+        .status(&charge(&ns, &key, &policy, 0, t0 + 1_002))
+        .await
+        .unwrap();
+    assert_eq!(
+        now.statuses()[0].remaining,
+        3,
+        "the late refund was not applied to the new window"
+    );
     let _ = old;
     assert_every_key_has_a_ttl(&server);
 }
@@ -271,7 +359,9 @@ async fn script_flush_and_a_restart_on_the_same_port_mid_traffic_recover_by_them
         .connect_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let http = TestServer::start(app().layer(layer(store, 1_000_000, Duration::from_secs(3600), &clock))).await;
+    let http =
+        TestServer::start(app().layer(layer(store, 1_000_000, Duration::from_secs(3600), &clock)))
+            .await;
     let c = HttpClient::new();
     let url = http.url("/");
     let get = || {
@@ -285,7 +375,11 @@ async fn script_flush_and_a_restart_on_the_same_port_mid_traffic_recover_by_them
     server.cmd(&["SCRIPT", "FLUSH"]);
     for _ in 0..20 {
         let r = get().await;
-        assert_eq!(r.status, StatusCode::OK, "NOSCRIPT is reloaded transparently");
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "NOSCRIPT is reloaded transparently"
+        );
         assert!(r.header("x-ratelimit-remaining").is_some());
     }
     server.restart();
@@ -301,7 +395,10 @@ async fn script_flush_and_a_restart_on_the_same_port_mid_traffic_recover_by_them
         unavailable += 1;
         assert!(Instant::now() < deadline, "did not recover after a restart");
     }
-    assert!(unavailable <= 3, "{unavailable} requests failed after the restart");
+    assert!(
+        unavailable <= 3,
+        "{unavailable} requests failed after the restart"
+    );
     for _ in 0..20 {
         let r = get().await;
         assert_eq!(r.status, StatusCode::OK);
@@ -316,7 +413,10 @@ async fn calls_dropped_mid_flight_never_answer_later_calls() {
         return;
     }
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).connections(1).build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .connections(1)
+        .build()
+        .unwrap();
     let clock = ManualClock::new(SystemClock.now_ms());
     let limited = ServiceBuilder::new()
         // The client gives up long before the store would.
@@ -324,7 +424,12 @@ async fn calls_dropped_mid_flight_never_answer_later_calls() {
         .layer(layer(store.clone(), 100, Duration::from_secs(60), &clock))
         .service(app());
     // Warm up: the script is loaded and the connection open.
-    let req = |k: &str| http::Request::get("/").header("x-client", k).body(axum::body::Body::empty()).unwrap();
+    let req = |k: &str| {
+        http::Request::get("/")
+            .header("x-client", k)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
     assert!(limited.clone().oneshot(req("warm")).await.is_ok());
 
     // Redis stalls (CLIENT PAUSE answers at once, then holds every command);
@@ -332,7 +437,12 @@ async fn calls_dropped_mid_flight_never_answer_later_calls() {
     server.cmd(&["CLIENT", "PAUSE", "500", "ALL"]);
     let mut dropped = 0;
     for i in 0..50 {
-        if limited.clone().oneshot(req(&format!("dropped{i}"))).await.is_err() {
+        if limited
+            .clone()
+            .oneshot(req(&format!("dropped{i}")))
+            .await
+            .is_err()
+        {
             dropped += 1;
         }
     }
@@ -348,7 +458,10 @@ async fn calls_dropped_mid_flight_never_answer_later_calls() {
         calls.push(tokio::spawn(async move {
             let key = Key::new(i.to_le_bytes());
             let policy = Policy::new(Quota::new(5, Duration::from_millis(60_000 + i)).unwrap());
-            let d = store.charge(&charge(&ns, &key, &policy, 1, t0 + i)).await.unwrap();
+            let d = store
+                .charge(&charge(&ns, &key, &policy, 1, t0 + i))
+                .await
+                .unwrap();
             (i, d)
         }));
     }
@@ -356,7 +469,11 @@ async fn calls_dropped_mid_flight_never_answer_later_calls() {
         let (i, d) = c.await.unwrap();
         let s = d.statuses()[0];
         assert!(d.is_allowed());
-        assert_eq!(s.reset_ms, t0 + i + 60_000 + i, "call {i} got another call's reply");
+        assert_eq!(
+            s.reset_ms,
+            t0 + i + 60_000 + i,
+            "call {i} got another call's reply"
+        );
         assert_eq!(s.remaining, 4);
     }
     assert_every_key_has_a_ttl(&server);
@@ -365,10 +482,17 @@ async fn calls_dropped_mid_flight_never_answer_later_calls() {
 #[tokio::test]
 async fn a_service_starts_with_redis_down_and_answers_per_its_failure_policy() {
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("redis://127.0.0.1:{port}");
     let clock = ManualClock::new(SystemClock.now_ms());
-    for (policy, want) in [(OnStoreError::FailOpen, StatusCode::OK), (OnStoreError::FailClosed, StatusCode::SERVICE_UNAVAILABLE)] {
+    for (policy, want) in [
+        (OnStoreError::FailOpen, StatusCode::OK),
+        (OnStoreError::FailClosed, StatusCode::SERVICE_UNAVAILABLE),
+    ] {
         let store = RedisStore::new(url.clone()).unwrap();
         let l = RateLimitLayer::builder()
             .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
@@ -396,15 +520,24 @@ async fn redis_time_mode_takes_time_from_redis_not_the_application() {
         return;
     }
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).time_source(TimeSource::Redis).build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .time_source(TimeSource::Redis)
+        .build()
+        .unwrap();
     let ns = Namespace::new("redis-time");
     let key = Key::new("c");
     let policy = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
     let real = SystemClock.now_ms();
     // The application's clock is a year off; Redis decides.
-    let d = store.charge(&charge(&ns, &key, &policy, 1, 1_000)).await.unwrap();
+    let d = store
+        .charge(&charge(&ns, &key, &policy, 1, 1_000))
+        .await
+        .unwrap();
     let reset = d.statuses()[0].reset_ms;
-    assert!(reset >= real + 59_000 && reset <= real + 61_000 + 5_000, "reset {reset} vs real {real}");
+    assert!(
+        reset >= real + 59_000 && reset <= real + 61_000 + 5_000,
+        "reset {reset} vs real {real}"
+    );
     assert_every_key_has_a_ttl(&server);
 }
 
@@ -413,15 +546,26 @@ async fn an_evicting_redis_is_reported_and_refused_in_strict_mode() {
     if !require_redis() {
         return;
     }
-    let server = RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
-    let warn = RedisStore::builder(server.url()).eviction_check(EvictionCheck::Warn).build().unwrap();
+    let server =
+        RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+    let warn = RedisStore::builder(server.url())
+        .eviction_check(EvictionCheck::Warn)
+        .build()
+        .unwrap();
     assert_eq!(warn.eviction_policy().await.unwrap(), "allkeys-lru");
     let ns = Namespace::new("evict");
     let key = Key::new("c");
     let policy = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
     let now = SystemClock.now_ms();
-    assert!(warn.charge(&charge(&ns, &key, &policy, 1, now)).await.unwrap().is_allowed());
-    let strict = RedisStore::builder(server.url()).eviction_check(EvictionCheck::Refuse).build().unwrap();
+    assert!(warn
+        .charge(&charge(&ns, &key, &policy, 1, now))
+        .await
+        .unwrap()
+        .is_allowed());
+    let strict = RedisStore::builder(server.url())
+        .eviction_check(EvictionCheck::Refuse)
+        .build()
+        .unwrap();
     match strict.charge(&charge(&ns, &key, &policy, 1, now)).await {
         Err(StoreError::Unavailable(msg)) => assert!(msg.contains("noeviction"), "{msg}"),
         other => panic!("strict mode used an evicting Redis: {other:?}"),

@@ -375,6 +375,10 @@ impl Store for MemoryStore {
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         StoreFuture::ready(Ok(self.status_now(call)))
     }
+
+    fn is_local(&self) -> bool {
+        true
+    }
 }
 
 impl fmt::Debug for MemoryStore {

@@ -153,6 +153,12 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the state without charging (e.g. for a `GET /rate_limit` endpoint).
     /// The decision is marked allowed; statuses report what is left.
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>>;
+
+    /// Whether the store answers in-process at no network cost (then the layer's
+    /// local deny cache is not consulted). Defaults to `false`.
+    fn is_local(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -164,5 +170,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         (**self).status(call)
+    }
+    fn is_local(&self) -> bool {
+        (**self).is_local()
     }
 }

@@ -19,7 +19,13 @@ pub struct Row {
     pub refund: bool,
 }
 
-const fn row(t: u64, key: &'static str, cost: u64, allowed: bool, quotas: &'static [(u64, u64, u64)]) -> Row {
+const fn row(
+    t: u64,
+    key: &'static str,
+    cost: u64,
+    allowed: bool,
+    quotas: &'static [(u64, u64, u64)],
+) -> Row {
     Row {
         t,
         key,
@@ -116,11 +122,20 @@ pub async fn run_tables(store: &dyn Store, start_ms: u64) {
                 timeout: Duration::from_secs(2),
             };
             let d: Decision = store.charge(&charge).await.unwrap();
-            let at = format!("table {:?} row {i} (t={}, key={}, cost={})", table.name, r.t, r.key, r.cost);
+            let at = format!(
+                "table {:?} row {i} (t={}, key={}, cost={})",
+                table.name, r.t, r.key, r.cost
+            );
             assert_eq!(d.is_allowed(), r.allowed, "{at}: {d:?}");
             let mut d = d;
             if r.refund {
-                store.refund(&Refund { charge, decision: &d }).await.unwrap();
+                store
+                    .refund(&Refund {
+                        charge,
+                        decision: &d,
+                    })
+                    .await
+                    .unwrap();
                 let after = store
                     .status(&Charge {
                         namespace: &ns,

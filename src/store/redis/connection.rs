@@ -82,7 +82,10 @@ pub(crate) fn redis_error(err: RedisError) -> StoreError {
     } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
         StoreError::Unavailable(format!("redis connection failed: {err}"))
     } else {
-        StoreError::Response(err.to_string())
+        StoreError::Response {
+            code: err.code().map(str::to_owned),
+            message: err.to_string(),
+        }
     }
 }
 
