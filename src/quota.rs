@@ -388,14 +388,17 @@ impl Policy {
 }
 
 impl Policy {
-    /// The same quotas with each limit multiplied by `fraction` (at least 1):
-    /// what one instance admits on its own when the shared store is down.
+    /// The same quotas with each limit (and burst) multiplied by `fraction`
+    /// (at least 1): what one instance admits on its own when the shared store
+    /// is down.
     pub(crate) fn scaled(&self, fraction: f64) -> Policy {
+        let scale = |n: u64| ((n as f64 * fraction).floor() as u64).max(1);
         let quotas: Vec<Quota> = self
             .quotas
             .iter()
             .map(|q| Quota {
-                limit: ((q.limit as f64 * fraction).floor() as u64).max(1),
+                limit: scale(q.limit),
+                burst: q.burst.map(scale),
                 ..q.clone()
             })
             .collect();

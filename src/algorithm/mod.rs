@@ -36,11 +36,10 @@ pub(crate) enum Next {
     Record,
 }
 
-/// The token-bucket / GCRA rate of a quota; quotas are validated when built,
-/// so it always exists.
+/// The token-bucket / GCRA rate of a quota (quotas are validated when built,
+/// so the burst is never capped for a configured quota).
 pub(crate) fn rate_of(q: &Quota) -> Rate {
-    Rate::of(q.limit(), q.window_ms(), q.burst_size())
-        .expect("Quota::with_algorithm and Quota::burst refuse rates that do not fit")
+    Rate::capped(q.limit(), q.window_ms(), q.burst_size())
 }
 
 macro_rules! state_as {

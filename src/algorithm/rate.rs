@@ -52,6 +52,23 @@ impl Rate {
         }
     }
 
+    /// As [`Rate::of`], holding at most as many tokens as fit 2^52 fine units
+    /// (only reachable for quotas scaled down internally, never as configured).
+    pub(crate) fn capped(limit: u64, window_ms: u64, burst: u64) -> Rate {
+        let unit = window_ms / gcd(limit, window_ms);
+        match Rate::of(limit, window_ms, burst) {
+            Some(r) => r,
+            None => {
+                Rate::of(limit, window_ms, (MAX_LIMIT / unit).clamp(1, burst)).unwrap_or(Rate {
+                    unit,
+                    per_ms: limit / gcd(limit, window_ms),
+                    burst: 1,
+                    capacity: unit,
+                })
+            }
+        }
+    }
+
     /// Whole milliseconds until `d` fine units have refilled (rounded up).
     pub(crate) fn ms_to_refill(&self, d: u64) -> u64 {
         d.div_ceil(self.per_ms)
