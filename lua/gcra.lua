@@ -44,7 +44,7 @@ function gcra.refund(q, v, id, now, cost, set)
   local tat, f = tonumber(v[1]), tonumber(v[2])
   if tat == nil or f == nil or tat + (f > 0 and 1 or 0) ~= id then return end
   local d = gcra_backlog(q, tat, f, now)
-  local give = math.min(rate_refundable(q, id, now, cost), d)
+  local give = rate_refundable(q, d, cost)
   if give > 0 then
     gcra_set(q, now, d - give, set)
   end

@@ -18,11 +18,9 @@ local function rate_fits(q, d, cost)
   return d + cost * q.a <= q.c
 end
 
--- Fine units a refund may give back at time `at` to a charge whose bucket
--- would have been full again at `id`: the part not yet refilled, never more
--- than the charge.
-local function rate_refundable(q, id, at, cost)
-  local unrefilled = 0
-  if id > at then unrefilled = (id - at) * q.b end
-  return math.min(unrefilled, cost * q.a, q.c)
+-- Fine units a refund gives back to a backlog `d`: the charge, never more
+-- than the backlog. Only for the charge that made the stored state (see
+-- Rate::refundable in src/algorithm/rate.rs).
+local function rate_refundable(q, d, cost)
+  return math.min(d, cost * q.a, q.c)
 end

@@ -34,13 +34,13 @@ function token_bucket.write(q, st, cost, now, set)
   return st.at + ceil_div(after, q.b)
 end
 
--- Gives back the part of the charge not refilled yet, evaluated at the later
--- of `now` and the last update.
+-- Gives back the part of the charge not refilled yet, only while that charge
+-- is the bucket's last change (it would still be full again at `id`).
 function token_bucket.refund(q, v, id, now, cost, set)
   local l, t = tonumber(v[1]), tonumber(v[2])
-  if l == nil or t == nil then return end
+  if l == nil or t == nil or t + ceil_div(q.c - math.min(q.c, l), q.b) ~= id then return end
   local at, d = tb_backlog(q, l, t, now)
-  local give = math.min(rate_refundable(q, id, at, cost), d)
+  local give = rate_refundable(q, d, cost)
   if give > 0 then
     push(set, q.p .. 'l', q.c - (d - give), q.p .. 't', at)
   end

@@ -57,11 +57,9 @@ pub(crate) fn expires_at(state: &State) -> u64 {
 }
 
 /// Moves the TAT back by the part of the charge not yet elapsed, never before
-/// `now` — but only while that charge is still the latest one (the TAT is the
-/// one it produced, `window_id`). One timestamp cannot tell when later
-/// charges happened, so after one a refund could hand back time those charges
-/// relied on: it is dropped instead (the token bucket keeps its update time
-/// and can do better).
+/// `now` — only while that charge is the last change (the TAT is still the one
+/// it produced, `window_id`), exactly as the token bucket: see
+/// [`Rate::refundable`] for why an older charge's refund is dropped.
 pub(crate) fn refund(
     state: Option<State>,
     r: &Rate,
@@ -74,7 +72,7 @@ pub(crate) fn refund(
         return None;
     }
     let d = backlog(Some(s), r, now);
-    let give = r.refundable(window_id, now, cost).min(d);
+    let give = r.refundable(d, cost);
     (give > 0).then(|| tat_after(r, now, d - give))
 }
 

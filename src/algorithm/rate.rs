@@ -103,13 +103,17 @@ impl Rate {
         (status, after)
     }
 
-    /// The fine units a refund of `cost` may give back to a backlog at time
-    /// `at`, for a charge whose `window_id` (the instant the bucket would have
-    /// been full after it) is given: the part of the charge not yet refilled,
-    /// never more than the charge.
-    pub(crate) fn refundable(&self, window_id: u64, at: u64, cost: u64) -> u64 {
-        let unrefilled = window_id.saturating_sub(at).saturating_mul(self.per_ms);
-        unrefilled.min(cost.min(self.burst) * self.unit)
+    /// The fine units a refund of `cost` gives back to a backlog `d`: the
+    /// charge, but never more than the backlog (the bucket is never above full).
+    ///
+    /// Only call this for the charge that produced the stored state (its
+    /// `window_id` is still the state's full-again time): that charge is the
+    /// last in line, so its unrefilled part is exactly `min(charge, d)`. Once
+    /// anything else was charged or refunded, no number stored tells how much
+    /// of an older charge has refilled, and giving it back could hand out
+    /// tokens twice — such refunds are dropped.
+    pub(crate) fn refundable(&self, d: u64, cost: u64) -> u64 {
+        d.min(cost.min(self.burst) * self.unit)
     }
 }
 
@@ -149,18 +153,10 @@ mod tests {
     }
 
     #[test]
-    fn a_refund_never_returns_more_than_the_charge_nor_what_has_refilled() {
+    fn a_refund_never_returns_more_than_the_charge_nor_above_full() {
         let r = Rate::of(1, 1_000, 5).unwrap();
-        assert_eq!(
-            r.refundable(10_000, 9_000, 2),
-            1_000,
-            "only 1 s of the charge is unrefilled"
-        );
-        assert_eq!(
-            r.refundable(10_000, 1_000, 2),
-            2_000,
-            "capped at the charge"
-        );
-        assert_eq!(r.refundable(10_000, 10_000, 2), 0, "fully refilled");
+        assert_eq!(r.refundable(1_000, 2), 1_000, "half the charge refilled");
+        assert_eq!(r.refundable(4_000, 2), 2_000, "capped at the charge");
+        assert_eq!(r.refundable(0, 2), 0, "fully refilled");
     }
 }

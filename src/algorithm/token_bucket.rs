@@ -60,10 +60,10 @@ pub(crate) fn expires_at(state: &State, r: &Rate) -> u64 {
     state.at_ms + r.ms_to_refill(r.capacity.saturating_sub(state.level))
 }
 
-/// Gives back the part of a charge that has not refilled yet: a charge whose
-/// tokens have already come back by refill is not refunded twice. The
-/// refund is evaluated at the later of `now` and the state's last update,
-/// so a late refund cannot hand back tokens other clients' charges used.
+/// Gives back the part of a charge that has not refilled yet, only while
+/// that charge is the last change to the bucket (`window_id`, the instant it
+/// would be full again after the charge, still matches): see
+/// [`Rate::refundable`] for why an older charge's refund is dropped.
 pub(crate) fn refund(
     state: Option<State>,
     r: &Rate,
@@ -72,12 +72,12 @@ pub(crate) fn refund(
     cost: u64,
 ) -> Option<State> {
     let s = state?;
-    let (t, d) = backlog(Some(s), r, now);
-    let give = r.refundable(window_id, t, cost).min(d);
-    if give == 0 {
+    if expires_at(&s, r) != window_id {
         return None;
     }
-    Some(State {
+    let (t, d) = backlog(Some(s), r, now);
+    let give = r.refundable(d, cost);
+    (give > 0).then(|| State {
         level: r.capacity - (d - give),
         at_ms: t,
     })
@@ -143,10 +143,35 @@ mod tests {
         let (st, s) = charge(None, &r, 0, 1);
         let back = refund(Some(s), &r, st.window_id, 0, 1).unwrap();
         assert_eq!(peek(Some(back), &r, 0).remaining, 1);
+        // Half of it has refilled by 500: only the other half comes back.
+        let back = refund(Some(s), &r, st.window_id, 500, 1).unwrap();
+        assert_eq!(backlog(Some(back), &r, 500).1, 0);
         // The token refilled at 1000; another charge at 1000 spent it. A late
         // refund of the first charge must not give it back.
         let (_, s2) = charge(Some(s), &r, 1_000, 1);
         assert_eq!(refund(Some(s2), &r, st.window_id, 0, 1), None);
+    }
+
+    #[test]
+    fn a_late_refund_of_a_charge_that_is_no_longer_the_last_change_is_dropped() {
+        // Regression (found by the refund property test): A and B charged at
+        // 0, A refunded, C charged at 7, B refunded. Refunding A shifted B's
+        // tokens earlier, so B's `window_id` overstated what of B was still
+        // unrefilled, and B's refund handed out 7 ms of refilled tokens.
+        let r = rate(1, 100, 4);
+        let (a, s) = charge(None, &r, 0, 1);
+        let (b, s) = charge(Some(s), &r, 0, 1);
+        assert_eq!(
+            refund(Some(s), &r, a.window_id, 0, 1),
+            None,
+            "B came after A"
+        );
+        let (_, s) = charge(Some(s), &r, 7, 1);
+        assert_eq!(
+            refund(Some(s), &r, b.window_id, 0, 1),
+            None,
+            "C came after B"
+        );
     }
 
     #[test]
