@@ -10,6 +10,20 @@
 //! let policy = Policy::new(per_second).and(per_hour).unwrap();
 //! assert_eq!(policy.quotas().len(), 2);
 //! ```
+//!
+//! Each quota has its own [`Algorithm`]; one policy may mix them:
+//!
+//! ```
+//! # use std::num::NonZeroU32;
+//! use std::time::Duration;
+//! use tower_ratelimit::{Algorithm, Policy, Quota};
+//! let bursty = Quota::per_second(NonZeroU32::new(10).unwrap())
+//!     .with_algorithm(Algorithm::TokenBucket)?
+//!     .burst(50)?;
+//! let hourly = Quota::new(1_000, Duration::from_secs(3600))?.with_algorithm(Algorithm::SlidingLog)?;
+//! let policy = Policy::new(bursty).and(hourly)?;
+//! # Ok::<(), tower_ratelimit::ConfigError>(())
+//! ```
 
 use crate::error::ConfigError;
 use std::borrow::Cow;
