@@ -80,10 +80,12 @@ function sliding_log.write(q, st, cost, now, set)
     end
     local c = cost
     if #at_now > 0 then
-      redis.call('ZREM', q.key, at_now[1])
       c = c + entry_cost(at_now[1])
     end
     redis.call('ZADD', q.key, now, entry(now, c))
+    if #at_now > 0 then
+      redis.call('ZREM', q.key, at_now[1])
+    end
     if newest == nil or now > newest then newest = now end
   end
   if newest == nil then return 0 end
@@ -97,9 +99,11 @@ function sliding_log.refund(q, v, id, now, cost, set)
   if #found == 0 then return end
   local c = entry_cost(found[1])
   local give = math.min(cost, c)
-  redis.call('ZREM', q.key, found[1])
+  -- Add the reduced entry before removing the old one: emptying the set
+  -- would delete the key, and re-creating it would drop its TTL.
   if c > give then
     redis.call('ZADD', q.key, id, entry(id, c - give))
   end
+  redis.call('ZREM', q.key, found[1])
   push(set, q.p .. 'n', math.max((tonumber(v[1]) or 0) - give, 0))
 end

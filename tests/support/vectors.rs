@@ -191,6 +191,11 @@ pub const TABLES: &[Table] = &[
             row(1_400, "a", 2, true, &[(0, 2_400, 0)]),
             row(1_400, "a", 4, false, &[(0, 2_400, 0)]),
             row(5_000, "a", 0, true, &[(3, 5_000, 0)]),
+            // Two charges in one ms share an entry; refunding one keeps the
+            // other (and, in Redis, the log's TTL: regression for a
+            // partial refund that re-created the sorted set without one).
+            row(6_000, "a", 1, true, &[(2, 7_000, 0)]),
+            refunded(6_000, "a", 1, &[(2, 7_000, 0)]),
         ],
     },
     Table {
