@@ -21,7 +21,6 @@ use clap::{Parser, ValueEnum};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tower_ratelimit::key::{ClientIp, Header, Key, KeyExtractor};
 use tower_ratelimit::store::RedisStore;
 use tower_ratelimit::{DenyCache, HeaderStyle, OnStoreError, RateLimitLayer};
 
@@ -57,8 +56,8 @@ struct Args {
     #[arg(long)]
     burst: Option<u64>,
     /// What a client is: `ip` (the peer address), `global` (one shared limit) or `header:NAME`.
-    #[arg(long, default_value = "ip", value_parser = parse_key)]
-    key: KeyKind,
+    #[arg(long, default_value = "ip", value_parser = common::parse_key)]
+    key: common::KeyKind,
     /// Which rate-limit headers responses carry.
     #[arg(long, value_enum, default_value_t = Headers::Github)]
     headers: Headers,
@@ -108,36 +107,6 @@ enum Headers {
     Ietf,
     Both,
     None,
-}
-
-#[derive(Clone, Debug)]
-enum KeyKind {
-    Ip,
-    Global,
-    Header(String),
-}
-
-fn parse_key(s: &str) -> Result<KeyKind, String> {
-    match s {
-        "ip" => Ok(KeyKind::Ip),
-        "global" => Ok(KeyKind::Global),
-        _ => match s.strip_prefix("header:") {
-            Some(name) if !name.is_empty() => {
-                http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("`{name}` is not a valid header name"))?;
-                Ok(KeyKind::Header(name.to_owned()))
-            }
-            _ => Err(format!("unknown key `{s}`: use ip, global or header:NAME")),
-        },
-    }
-}
-
-fn key_extractor(kind: &KeyKind) -> Result<Box<dyn KeyExtractor>, Box<dyn std::error::Error>> {
-    Ok(match kind {
-        KeyKind::Ip => Box::new(ClientIp::new()),
-        KeyKind::Global => Box::new(|_: &http::request::Parts| Key::global()),
-        KeyKind::Header(name) => Box::new(Header::try_new(name.as_str())?),
-    })
 }
 
 async fn status(Path(code): Path<u16>) -> Result<StatusCode, (StatusCode, &'static str)> {
@@ -198,7 +167,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 args.algorithm,
                 args.burst,
             )?)
-            .key(key_extractor(&args.key)?)
+            .key(common::key_extractor(&args.key)?)
             .headers(match args.headers {
                 Headers::Github => HeaderStyle::GitHub,
                 Headers::Ietf => HeaderStyle::Ietf,

@@ -90,7 +90,10 @@ where
                 limiter.exempt();
                 return this.forward_now(service, parts, body);
             }
-            Err(e) => return this.answer(limiter.key_error(&e)),
+            Err(e) => {
+                let res = limiter.key_error(&e, crate::grpc::is_grpc(&parts));
+                return this.answer(res);
+            }
         };
         match &limiter.policy {
             PolicySource::Static(p) => this.charge(service, parts, body, key, p.clone()),
@@ -113,7 +116,8 @@ where
         let limiter = self.limiter.clone();
         let cost = limiter.cost(&parts);
         let now = limiter.clock.now_ms();
-        let (mut fut, pending) = limiter.charge(key, policy, cost, now);
+        let (mut fut, pending) =
+            limiter.charge(key, policy, cost, now, crate::grpc::is_grpc(&parts));
         match fut.now_or_never() {
             // The memory store (or the deny cache) answers at once: decide without another poll.
             Some(result) => match limiter.verdict(pending, result) {
@@ -201,7 +205,8 @@ where
                         Ok(Some((key, policy))) => {
                             let cost = this.limiter.cost(&waiting.parts);
                             let now = this.limiter.clock.now_ms();
-                            let (fut, pending) = this.limiter.charge(key, policy, cost, now);
+                            let grpc = crate::grpc::is_grpc(&waiting.parts);
+                            let (fut, pending) = this.limiter.charge(key, policy, cost, now, grpc);
                             *this.pending = Some(pending);
                             *this.waiting = Some(waiting);
                             this.state.set(State::Charging { fut });
@@ -217,7 +222,9 @@ where
                             this.state.set(State::Inner { fut });
                         }
                         Err(e) => {
-                            let res = this.limiter.key_error(&e);
+                            let res = this
+                                .limiter
+                                .key_error(&e, crate::grpc::is_grpc(&waiting.parts));
                             this.state.set(State::Answered { res: Some(res) });
                         }
                     }

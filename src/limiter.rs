@@ -6,6 +6,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::deny_cache::Denials;
 use crate::error::StoreError;
+use crate::grpc;
 use crate::headers::{self, HeaderStyle};
 use crate::key::{Key, KeyError, KeyExtractor};
 use crate::metrics::Metrics;
@@ -91,6 +92,9 @@ pub(crate) struct Limiter {
     pub(crate) fallback: Option<MemoryStore>,
     pub(crate) log: LogThrottle,
     pub(crate) metrics: OnceLock<Metrics>,
+    /// The coordinated mode, when configured: decisions without store calls.
+    #[cfg(feature = "redis")]
+    pub(crate) coordinator: Option<Arc<crate::coordinated::Coordinator>>,
 }
 
 /// Where a charge's answer came from.
@@ -102,6 +106,8 @@ pub(crate) enum Source {
     DenyCache,
     /// The open circuit breaker (the store was not called).
     Breaker,
+    /// The coordinated mode's local drop ratio (no store call).
+    Coordinated,
 }
 
 /// A charge in flight, with what is needed to act on its answer.
@@ -112,6 +118,8 @@ pub(crate) struct Pending {
     pub(crate) cost: u64,
     pub(crate) now_ms: u64,
     pub(crate) source: Source,
+    /// The request is a gRPC call: answer with gRPC statuses.
+    pub(crate) grpc: bool,
 }
 
 /// What the request was charged: enough to add headers and to refund.
@@ -122,8 +130,19 @@ pub(crate) struct Charged {
     cost: u64,
     now_ms: u64,
     decision: Decision,
-    /// Charged to the local fallback store, not the configured one.
-    local: bool,
+    /// Where the charge went, so a refund goes to the same place.
+    to: ChargedTo,
+}
+
+/// Where a request was charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChargedTo {
+    /// The configured store.
+    Store,
+    /// The in-process fallback store ([`OnStoreError::Local`]).
+    Local,
+    /// Nowhere that takes refunds (the coordinated mode counts offered load).
+    Nowhere,
 }
 
 /// What to do with a request once its key and policy are known and charged.
@@ -163,6 +182,7 @@ impl Limiter {
         policy: Policy,
         cost: u64,
         now_ms: u64,
+        grpc: bool,
     ) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
         let pending = |source| Pending {
             key,
@@ -170,7 +190,16 @@ impl Limiter {
             cost,
             now_ms,
             source,
+            grpc,
         };
+        #[cfg(feature = "redis")]
+        if let Some(c) = &self.coordinator {
+            let decision = c.decide(&key, &policy, cost, now_ms);
+            return (
+                StoreFuture::ready(Ok(decision)),
+                pending(Source::Coordinated),
+            );
+        }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) = denials.check(&key, cost, now_ms) {
                 let p = Pending {
@@ -179,6 +208,7 @@ impl Limiter {
                     cost,
                     now_ms,
                     source: Source::DenyCache,
+                    grpc,
                 };
                 return (StoreFuture::ready(Ok(decision)), p);
             }
@@ -246,7 +276,11 @@ impl Limiter {
                     cost: p.cost,
                     now_ms: p.now_ms,
                     decision,
-                    local: false,
+                    to: if p.source == Source::Coordinated {
+                        ChargedTo::Nowhere
+                    } else {
+                        ChargedTo::Store
+                    },
                 }))
             }
             Ok(decision) => self.reject(p, decision),
@@ -260,6 +294,7 @@ impl Limiter {
                 m.store_error("full");
                 let wait = headers::ceil_secs(retry_at_ms.saturating_sub(p.now_ms));
                 Verdict::Answer(response::unavailable(
+                    p.grpc,
                     wait,
                     "the rate limiter is tracking its maximum number of clients",
                 ))
@@ -286,6 +321,8 @@ impl Limiter {
         m.rejected.increment(1);
         match p.source {
             Source::DenyCache => m.deny_cache_hits.increment(1),
+            // A random drop: the next request may pass, nothing to cache.
+            Source::Coordinated => {}
             _ => {
                 if let Some(d) = &self.denials {
                     d.insert(p.key, p.cost, p.now_ms, &decision, &p.policy);
@@ -295,10 +332,18 @@ impl Limiter {
         self.log.event(&self.log.rejected, || {
             tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
         });
-        let mut res = (self.on_rejection)(&Rejection {
+        let rejection = Rejection {
             decision: &decision,
             policy_name: &name,
-        });
+        };
+        let mut res = if p.grpc {
+            let retry = rejection
+                .retry_after_secs()
+                .map(|_| decision.retry_after_ms().max(1));
+            grpc::error(grpc::RESOURCE_EXHAUSTED, &rejection.detail(), retry)
+        } else {
+            (self.on_rejection)(&rejection)
+        };
         headers::apply(
             self.headers,
             &p.policy,
@@ -324,6 +369,7 @@ impl Limiter {
             OnStoreError::FailClosed => {
                 m.fail_closed.increment(1);
                 Verdict::Answer(response::unavailable(
+                    p.grpc,
                     1,
                     "the rate limiter cannot reach its store",
                 ))
@@ -351,10 +397,11 @@ impl Limiter {
                         cost: p.cost,
                         now_ms: p.now_ms,
                         decision,
-                        local: true,
+                        to: ChargedTo::Local,
                     })),
                     Ok(decision) => self.reject(p, decision),
                     Err(_) => Verdict::Answer(response::unavailable(
+                        p.grpc,
                         1,
                         "the rate limiter cannot reach its store",
                     )),
@@ -367,11 +414,14 @@ impl Limiter {
         self.metrics().exempt.increment(1);
     }
 
-    pub(crate) fn key_error(&self, err: &KeyError) -> Response<Bytes> {
+    pub(crate) fn key_error(&self, err: &KeyError, grpc: bool) -> Response<Bytes> {
         self.metrics().key_error.increment(1);
         self.log.event(&self.log.key_error, || {
             tracing::error!(limiter = self.namespace.name(), error = %err, "rate limit key extraction failed");
         });
+        if grpc {
+            return grpc::error(grpc::INTERNAL, &err.to_string(), None);
+        }
         (self.on_key_error)(err)
     }
 
@@ -399,8 +449,9 @@ impl Limiter {
     }
 
     fn spawn_refund(self: &Arc<Self>, c: &Charged) {
-        let store: &dyn Store = match (&self.fallback, c.local) {
-            (Some(local), true) => local,
+        let store: &dyn Store = match (&self.fallback, c.to) {
+            (_, ChargedTo::Nowhere) => return,
+            (Some(local), ChargedTo::Local) => local,
             _ => &*self.store,
         };
         let mut fut = store.refund(&Refund {

@@ -27,15 +27,22 @@ impl Rejection<'_> {
     }
 }
 
+impl Rejection<'_> {
+    /// A one-line explanation for bodies and `grpc-message`.
+    pub fn detail(&self) -> String {
+        match self.retry_after_secs() {
+            Some(s) => format!("rate limit \"{}\" exceeded; retry in {s} s", self.policy_name),
+            None => format!(
+                "the request's cost exceeds the limit of rate limit \"{}\"; it can never be admitted",
+                self.policy_name
+            ),
+        }
+    }
+}
+
 /// The default 429: an `application/problem+json` document (RFC 9457).
 pub fn default_rejection(r: &Rejection<'_>) -> Response<Bytes> {
-    let detail = match r.retry_after_secs() {
-        Some(s) => format!("rate limit \"{}\" exceeded; retry in {s} s", r.policy_name),
-        None => format!(
-            "the request's cost exceeds the limit of rate limit \"{}\"; it can never be admitted",
-            r.policy_name
-        ),
-    };
+    let detail = r.detail();
     let mut body = String::with_capacity(160);
     body.push_str(r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"#);
     write_json_string(&mut body, &detail);
@@ -58,8 +65,16 @@ pub fn default_key_error(err: &KeyError) -> Response<Bytes> {
     problem(StatusCode::INTERNAL_SERVER_ERROR, body)
 }
 
-/// 503 with `Retry-After`: the limiter cannot decide (store down, fail-closed).
-pub(crate) fn unavailable(retry_after_secs: u64, detail: &str) -> Response<Bytes> {
+/// The limiter cannot decide (store down and failing closed, key cap reached):
+/// 503 with `Retry-After`, or gRPC `UNAVAILABLE` with the same delay.
+pub(crate) fn unavailable(grpc: bool, retry_after_secs: u64, detail: &str) -> Response<Bytes> {
+    if grpc {
+        return crate::grpc::error(
+            crate::grpc::UNAVAILABLE,
+            detail,
+            Some(retry_after_secs.max(1) * 1000),
+        );
+    }
     let mut body = String::new();
     body.push_str(r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"#);
     write_json_string(&mut body, detail);

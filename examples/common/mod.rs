@@ -2,7 +2,53 @@
 #![allow(dead_code)]
 
 use std::time::Duration;
+use tower_ratelimit::key::{ClientIp, Constant, GrpcMethod, Header, KeyExtractor};
 use tower_ratelimit::{Algorithm, ConfigError, Policy, Quota};
+
+/// What a client is, as given by `--key`.
+#[derive(Clone, Debug)]
+pub enum KeyKind {
+    /// The client IP (the TCP peer; no proxies trusted).
+    Ip,
+    /// One key for everyone.
+    Global,
+    /// A header's value (`header:NAME`), or gRPC metadata (`metadata:NAME`).
+    Header(String),
+    /// The gRPC method (`/package.Service/Method`).
+    Method,
+}
+
+/// Parses `ip`, `global`, `header:NAME`, `metadata:NAME` or `method`.
+pub fn parse_key(s: &str) -> Result<KeyKind, String> {
+    match s {
+        "ip" => Ok(KeyKind::Ip),
+        "global" => Ok(KeyKind::Global),
+        "method" => Ok(KeyKind::Method),
+        _ => match s
+            .strip_prefix("header:")
+            .or_else(|| s.strip_prefix("metadata:"))
+        {
+            Some(name) if !name.is_empty() => {
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("`{name}` is not a valid header name"))?;
+                Ok(KeyKind::Header(name.to_owned()))
+            }
+            _ => Err(format!(
+                "unknown key `{s}`: use ip, global, method, header:NAME or metadata:NAME"
+            )),
+        },
+    }
+}
+
+/// The extractor for a `--key` value.
+pub fn key_extractor(kind: &KeyKind) -> Result<Box<dyn KeyExtractor>, Box<dyn std::error::Error>> {
+    Ok(match kind {
+        KeyKind::Ip => Box::new(ClientIp::new()),
+        KeyKind::Global => Box::new(Constant::new("global")),
+        KeyKind::Header(name) => Box::new(Header::try_new(name.as_str())?),
+        KeyKind::Method => Box::new(GrpcMethod),
+    })
+}
 
 /// `--algorithm` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -110,5 +156,28 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+/// Runs `serve` (a server future that shuts down gracefully on `signal`) but
+/// gives open connections at most `grace` after the signal, then returns.
+pub async fn with_grace<F, E>(
+    serve: impl FnOnce(tokio::sync::futures::Notified<'static>) -> F,
+    grace: Duration,
+) -> Result<(), E>
+where
+    F: std::future::Future<Output = Result<(), E>>,
+{
+    static SIGNALLED: std::sync::OnceLock<tokio::sync::Notify> = std::sync::OnceLock::new();
+    let notify = SIGNALLED.get_or_init(tokio::sync::Notify::new);
+    let server = serve(notify.notified());
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => return r,
+        _ = shutdown_signal() => notify.notify_waiters(),
+    }
+    tokio::select! {
+        r = &mut server => r,
+        _ = tokio::time::sleep(grace) => Ok(()),
     }
 }

@@ -30,6 +30,13 @@ pub(crate) fn peer_addr(parts: &Parts) -> Option<IpAddr> {
     if let Some(info) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
     }
+    #[cfg(feature = "grpc")]
+    if let Some(addr) = ext
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|i| i.remote_addr())
+    {
+        return Some(addr.ip());
+    }
     // What axum's own `ConnectInfo` extractor falls back to in tests.
     #[cfg(feature = "axum")]
     if let Some(mock) = ext.get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>() {

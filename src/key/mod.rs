@@ -52,7 +52,7 @@ pub use header::Header;
 pub use ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use request::MatchedRoute;
-pub use request::{Method, Path};
+pub use request::{GrpcMethod, Method, Path};
 pub use value::Key;
 
 use http::request::Parts;

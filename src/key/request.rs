@@ -42,6 +42,43 @@ impl KeyExtractor for Path {
     }
 }
 
+/// Keys by the gRPC method: the path `/package.Service/Method`.
+///
+/// For per-method limits (combine with a client key: `(ClientIp::new(), GrpcMethod)`)
+/// and per-method quotas (see `RateLimitLayerBuilder::policy_fn`). The path is
+/// chosen by the client, so a request whose path is not of the gRPC form is a
+/// [`KeyError`] rather than a fresh key per invented path.
+///
+/// ```
+/// use tower_ratelimit::key::{GrpcMethod, KeyExtractor};
+/// let (parts, ()) = http::Request::post("/grpc.health.v1.Health/Check").body(()).unwrap().into_parts();
+/// assert!(GrpcMethod.extract(&parts).unwrap().is_some());
+/// let (parts, ()) = http::Request::get("/a/b/c").body(()).unwrap().into_parts();
+/// assert!(GrpcMethod.extract(&parts).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcMethod;
+
+impl KeyExtractor for GrpcMethod {
+    fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
+        let path = parts.uri.path();
+        let well_formed = path
+            .strip_prefix('/')
+            .and_then(|p| p.split_once('/'))
+            .is_some_and(|(service, method)| {
+                !service.is_empty() && !method.is_empty() && !method.contains('/')
+            });
+        if well_formed {
+            Ok(Some(Key::new(path)))
+        } else {
+            Err(KeyError::new(
+                "grpc_method",
+                "the path is not a gRPC method (`/package.Service/Method`)",
+            ))
+        }
+    }
+}
+
 /// Keys by axum's matched route template (`/users/{id}`), from its `MatchedPath` extension.
 ///
 /// axum records the route only for middleware inside the router: add the rate

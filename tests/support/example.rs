@@ -7,18 +7,22 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The path of a built example, building it if `cargo test` has not.
+/// The path of a built example. It is (re)built once per test binary, so a
+/// filtered `cargo test --test X` never runs a stale example.
 pub fn example_path(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     // Integration tests live in target/<profile>/deps/.
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let path = profile_dir.join("examples").join(name);
-    if !path.exists() {
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !built.iter().any(|b| b == name) {
         let status = Command::new(env!("CARGO"))
             .args(["build", "--all-features", "--example", name])
             .status()
             .unwrap();
         assert!(status.success(), "building example {name} failed");
+        built.push(name.to_owned());
     }
     path
 }

@@ -57,6 +57,29 @@ impl Lanes {
         Ok((i, conn))
     }
 
+    /// Sends `pipe` in one round trip within `budget` (used by the coordinated
+    /// mode's periodic sync; never on a request's path).
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        budget: std::time::Duration,
+    ) -> Result<Vec<redis::Value>, StoreError> {
+        let call = async {
+            let (i, mut conn) = self.get().await?;
+            pipe.query_async::<Vec<redis::Value>>(&mut conn)
+                .await
+                .map_err(|e| {
+                    if breaks_connection(&e) {
+                        self.discard(i);
+                    }
+                    redis_error(e)
+                })
+        };
+        tokio::time::timeout(budget, call)
+            .await
+            .map_err(|_| StoreError::Timeout(budget))?
+    }
+
     /// Drops lane `i`'s connection after an error that may have broken it.
     pub(crate) fn discard(&self, i: usize) {
         self.lanes[i]

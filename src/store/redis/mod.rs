@@ -324,6 +324,11 @@ impl RedisStore {
             .inspect_err(|_| self.inner.primary.discard(i))
     }
 
+    /// The primary's connections (for the coordinated mode's sync).
+    pub(crate) fn primary(&self) -> &Lanes {
+        &self.inner.primary
+    }
+
     /// The Redis key holding `key`'s state for the limiter `namespace`.
     pub fn redis_key(&self, namespace: &crate::store::Namespace, key: &crate::key::Key) -> String {
         keys::redis_key(&self.inner.prefix, namespace, key)
