@@ -22,7 +22,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{DenyCache, HeaderStyle, OnStoreError, RateLimitLayer};
+use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, RateLimitLayer};
 
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
@@ -79,6 +79,19 @@ struct Args {
     /// Serve Prometheus metrics (text format) on this address at `/metrics`.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// `strict`: one store call per request; `coordinated`: local drops from
+    /// fleet counts synced through Redis (needs `--store redis`).
+    #[arg(long, value_enum, default_value_t = Mode::Strict)]
+    mode: Mode,
+    /// How often the coordinated mode syncs with Redis.
+    #[arg(long, default_value = "1s", value_parser = common::parse_duration)]
+    sync_interval: Duration,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Strict,
+    Coordinated,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -192,7 +205,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             for r in &args.replica_url {
                 store = store.replica(r);
             }
-            builder = builder.store(store.build()?);
+            let store = store.build()?;
+            if let Mode::Coordinated = args.mode {
+                builder = builder
+                    .coordinated(Coordinated::new(store.clone()).sync_interval(args.sync_interval));
+            }
+            builder = builder.store(store);
+        } else if let Mode::Coordinated = args.mode {
+            return Err("--mode coordinated needs --store redis".into());
         }
         let layer = builder.build()?;
         // Added after `.layer`, so the status route itself is never counted.

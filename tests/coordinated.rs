@@ -1,5 +1,7 @@
 //! Coordinated mode: four layers sharing one real Redis, time moved by hand.
 
+#[path = "support/example.rs"]
+mod example;
 #[path = "support/redis.rs"]
 mod redis_support;
 
@@ -188,4 +190,34 @@ async fn shadow_mode_computes_drops_but_admits_everything() {
     for _ in 0..6 {
         assert_eq!(fleet.interval().await.0, OFFERED);
     }
+}
+
+#[test]
+fn the_simulation_prints_a_table_per_profile_and_writes_an_svg() {
+    let out = std::env::temp_dir().join(format!("tower-ratelimit-sim-{}.svg", std::process::id()));
+    let run = std::process::Command::new(example::example_path("simulate"))
+        .args(["--seconds", "6", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let table = String::from_utf8_lossy(&run.stdout);
+    for profile in ["steady 1.5x", "spike 5x", "ramp 0.5x-2x"] {
+        assert!(table.contains(profile), "{table}");
+    }
+    assert_eq!(
+        table
+            .matches("offered  limit   memory   strict  coordinated")
+            .count(),
+        3
+    );
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.starts_with("<svg"), "not an SVG");
+    for label in ["memory", "strict", "coordinated", "fleet limit"] {
+        assert!(svg.contains(label), "the plot has no {label} series");
+    }
+    let _ = std::fs::remove_file(out);
 }

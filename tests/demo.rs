@@ -206,3 +206,42 @@ async fn demo_on_redis_serves_rate_limit_status_from_a_replica_without_charging(
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 2);
     assert!(demo.terminate().success());
 }
+
+#[tokio::test]
+async fn demo_runs_the_coordinated_mode_on_redis_and_refuses_it_without_redis() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let redis = redis_support::RedisServer::start();
+    let url = redis.url();
+    let demo = Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--mode",
+            "coordinated",
+            "--sync-interval",
+            "200ms",
+            "--limit",
+            "50",
+            "--window",
+            "1s",
+        ],
+    );
+    let r = HttpClient::new().get(&demo.url("/")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header_u64("x-ratelimit-limit"), 50);
+    assert!(demo.terminate().success());
+
+    let out = Command::new(example::example_path("demo"))
+        .args(["--listen", "127.0.0.1:0", "--mode", "coordinated"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--store redis"));
+}
