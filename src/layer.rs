@@ -1,6 +1,6 @@
 //! [`RateLimitLayer`] and its builder.
 
-use crate::breaker::{Breaker, CircuitBreaker};
+use crate::breaker::{Breakers, CircuitBreaker};
 use crate::clock::{Clock, SystemClock};
 use crate::deny_cache::{Denials, DenyCache};
 use crate::error::ConfigError;
@@ -634,6 +634,7 @@ impl RateLimitLayerBuilder {
         } else {
             Denials::new(self.deny_cache)
         };
+        let breakers = Breakers::new(self.breaker, store.failure_domains());
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 namespace: Namespace::new(&self.name),
@@ -651,7 +652,7 @@ impl RateLimitLayerBuilder {
                 on_store_error: self.on_store_error,
                 store_timeout: self.store_timeout,
                 shadow: self.shadow,
-                breaker: Breaker::new(self.breaker),
+                breakers,
                 denials,
                 fallback,
                 log: LogThrottle::default(),
