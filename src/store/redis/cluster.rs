@@ -31,12 +31,10 @@ use super::connection::{redis_error, AnyConnection, Call, Vet};
 use crate::error::{ConfigError, StoreError};
 use deadpool_redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
 use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::cluster_routing::{
-    Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-};
+use deadpool_redis::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use deadpool_redis::redis::{
-    self, Arg, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture,
-    ServerErrorKind, Value,
+    self, Arg, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind,
+    Value,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,18 +77,16 @@ impl ClusterLane {
     pub(crate) async fn connection(&self) -> Result<ClusterConnection, StoreError> {
         self.conn
             .get_or_try_init(|| async {
-                let conn = tokio::time::timeout(
-                    self.connect_timeout,
-                    self.client.get_async_connection(),
-                )
-                .await
-                .map_err(|_| {
-                    StoreError::Unavailable(format!(
-                        "redis cluster: no connection within {:?}",
-                        self.connect_timeout
-                    ))
-                })?
-                .map_err(redis_error)?;
+                let conn =
+                    tokio::time::timeout(self.connect_timeout, self.client.get_async_connection())
+                        .await
+                        .map_err(|_| {
+                            StoreError::Unavailable(format!(
+                                "redis cluster: no connection within {:?}",
+                                self.connect_timeout
+                            ))
+                        })?
+                        .map_err(redis_error)?;
                 if let Some(vet) = &self.vet {
                     vet(AnyConnection::Cluster(conn.clone())).await?;
                 }
@@ -295,7 +291,11 @@ mod tests {
             std::io::ErrorKind::BrokenPipe,
             std::io::ErrorKind::UnexpectedEof,
         ] {
-            assert_eq!(resend(&RedisError::from(std::io::Error::from(ran))), None, "{ran:?}");
+            assert_eq!(
+                resend(&RedisError::from(std::io::Error::from(ran))),
+                None,
+                "{ran:?}"
+            );
         }
         for err in [
             "OOM command not allowed",

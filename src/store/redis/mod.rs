@@ -229,7 +229,9 @@ impl RedisStoreBuilder {
             }
         }
         if self.cluster.as_ref().is_some_and(Vec::is_empty) {
-            return Err(ConfigError::new("a Redis Cluster needs at least one seed node url"));
+            return Err(ConfigError::new(
+                "a Redis Cluster needs at least one seed node url",
+            ));
         }
         let vet = vet(self.eviction);
         let primary = match &self.cluster {
