@@ -327,7 +327,8 @@ async fn a_failover_under_concurrent_load_charges_every_admitted_request_exactly
     let (admitted, failed) = (Arc::new(AtomicUsize::new(1)), Arc::new(AtomicUsize::new(0)));
     let mut tasks = vec![];
     for _ in 0..8 {
-        let (app, stop, admitted, failed) = (app.clone(), stop.clone(), admitted.clone(), failed.clone());
+        let (app, stop, admitted, failed) =
+            (app.clone(), stop.clone(), admitted.clone(), failed.clone());
         tasks.push(tokio::spawn(async move {
             // Until the failover is done, bounded: at most 20,000 requests per task.
             for _ in 0..20_000 {
@@ -336,7 +337,9 @@ async fn a_failover_under_concurrent_load_charges_every_admitted_request_exactly
                 }
                 match send(&app, client).await {
                     (StatusCode::OK, Some(_)) => admitted.fetch_add(1, Ordering::SeqCst),
-                    (StatusCode::SERVICE_UNAVAILABLE, None) => failed.fetch_add(1, Ordering::SeqCst),
+                    (StatusCode::SERVICE_UNAVAILABLE, None) => {
+                        failed.fetch_add(1, Ordering::SeqCst)
+                    }
                     other => panic!("unexpected {other:?}"),
                 };
             }
@@ -359,10 +362,16 @@ async fn a_failover_under_concurrent_load_charges_every_admitted_request_exactly
         .into_parts();
     let status = layer.status(&parts).await.unwrap().unwrap();
     let used = status.decision.statuses()[0].used() as usize;
-    let (admitted, failed) = (admitted.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
+    let (admitted, failed) = (
+        admitted.load(Ordering::SeqCst),
+        failed.load(Ordering::SeqCst),
+    );
     eprintln!("failover under load: {admitted} admitted, {failed} answered 503, {used} charged");
     // Every admitted request was charged once; a failed call may have been
     // charged (it timed out after running), never twice.
-    assert!(admitted <= used && used <= admitted + failed, "{admitted} admitted, {failed} failed, {used} charged");
+    assert!(
+        admitted <= used && used <= admitted + failed,
+        "{admitted} admitted, {failed} failed, {used} charged"
+    );
     assert!(admitted > 8, "requests kept flowing");
 }
