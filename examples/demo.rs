@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_ratelimit::store::{RedisStore, ShardedStore, Store};
-use tower_ratelimit::{DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
+use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
 
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
@@ -80,6 +80,19 @@ struct Args {
     /// Serve Prometheus metrics (text format) on this address at `/metrics`.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// `strict`: one store call per request; `coordinated`: local drops from
+    /// fleet counts synced through Redis (needs `--store redis`).
+    #[arg(long, value_enum, default_value_t = Mode::Strict)]
+    mode: Mode,
+    /// How often the coordinated mode syncs with Redis.
+    #[arg(long, default_value = "1s", value_parser = common::parse_duration)]
+    sync_interval: Duration,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Strict,
+    Coordinated,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -171,6 +184,19 @@ fn redis_store(args: &Args) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>
     }
 }
 
+/// The one primary (default `redis://127.0.0.1:6379`) with its replicas.
+fn single_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    let url = args
+        .redis_url
+        .first()
+        .map_or("redis://127.0.0.1:6379", |u| u);
+    let mut store = RedisStore::builder(url);
+    for r in &args.replica_url {
+        store = store.replica(r);
+    }
+    Ok(store.build()?)
+}
+
 #[cfg(feature = "cluster")]
 fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>> {
     Ok(Arc::new(RedisStore::cluster(urls.iter().cloned())?))
@@ -222,9 +248,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .shadow(args.shadow);
         if let StoreKind::Redis = args.store {
-            builder = builder.store(redis_store(&args)?);
+            if let Mode::Coordinated = args.mode {
+                // The coordinated mode syncs its counts through one standalone Redis.
+                if args.redis_url.len() > 1 || !args.redis_cluster.is_empty() {
+                    return Err("--mode coordinated needs a single --redis-url".into());
+                }
+                let store = single_store(&args)?;
+                builder = builder
+                    .coordinated(Coordinated::new(store.clone()).sync_interval(args.sync_interval))
+                    .store(store);
+            } else {
+                builder = builder.store(redis_store(&args)?);
+            }
         } else if !args.redis_url.is_empty() || !args.redis_cluster.is_empty() {
             return Err("--redis-url and --redis-cluster need --store redis".into());
+        } else if let Mode::Coordinated = args.mode {
+            return Err("--mode coordinated needs --store redis".into());
         }
         let layer = builder.build()?;
         // Added after `.layer`, so the status route itself is never counted.

@@ -175,6 +175,20 @@ pub enum StatusError {
     Store(crate::StoreError),
 }
 
+impl RateLimitLayer {
+    /// Coordinated mode: runs one sync now (report counts, read the fleet's,
+    /// set ratios) at the layer's clock time. The background task does this
+    /// every interval; call it yourself with [`Coordinated::manual_sync`](crate::Coordinated::manual_sync).
+    /// Without the coordinated mode it does nothing.
+    #[cfg(feature = "redis")]
+    pub async fn sync_now(&self) -> Result<(), crate::StoreError> {
+        match &self.limiter.coordinator {
+            Some(c) => c.sync(self.limiter.clock.now_ms()).await,
+            None => Ok(()),
+        }
+    }
+}
+
 impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimit<S>;
 
@@ -212,6 +226,8 @@ pub struct RateLimitLayerBuilder {
     shadow: bool,
     breaker: CircuitBreaker,
     deny_cache: DenyCache,
+    #[cfg(feature = "redis")]
+    coordinated: Option<crate::coordinated::Coordinated>,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -232,6 +248,8 @@ impl Default for RateLimitLayerBuilder {
             shadow: false,
             breaker: CircuitBreaker::new(),
             deny_cache: DenyCache::new(),
+            #[cfg(feature = "redis")]
+            coordinated: None,
         }
     }
 }
@@ -596,6 +614,26 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Coordinated mode: decide locally with a per-key drop ratio computed out of
+    /// band from fleet-wide counts in Redis — no store call on the request
+    /// path; approximate limits that lag traffic by one or two sync intervals.
+    /// See [`Coordinated`](crate::Coordinated). The layer's `store` is not used in this mode.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{store::RedisStore, Coordinated, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(1000).unwrap()))
+    ///     .coordinated(Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn coordinated(mut self, coordinated: crate::coordinated::Coordinated) -> Self {
+        self.coordinated = Some(coordinated);
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let name_ok = !self.name.is_empty()
@@ -628,6 +666,26 @@ impl RateLimitLayerBuilder {
             _ => None,
         };
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let namespace = Namespace::new(&self.name);
+        #[cfg(feature = "redis")]
+        let coordinator = match self.coordinated {
+            Some(c) if c.interval.is_zero() => {
+                return Err(ConfigError::new(
+                    "the coordinated sync interval must be above zero",
+                ))
+            }
+            Some(c) if c.store.is_cluster() => {
+                return Err(ConfigError::new(
+                    "the coordinated mode syncs many clients' keys in one pipeline, which a \
+                     Redis Cluster cannot route: give it a standalone Redis",
+                ))
+            }
+            Some(c) => Some(Arc::new(crate::coordinated::Coordinator::new(
+                c,
+                namespace.clone(),
+            ))),
+            None => None,
+        };
         // The memory store answers locally: a deny cache in front of it only costs.
         let denials = if store.is_local() {
             None
@@ -637,7 +695,7 @@ impl RateLimitLayerBuilder {
         let breakers = Breakers::new(self.breaker, store.failure_domains());
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
-                namespace: Namespace::new(&self.name),
+                namespace,
                 store,
                 clock: self.clock,
                 key: self
@@ -657,6 +715,8 @@ impl RateLimitLayerBuilder {
                 fallback,
                 log: LogThrottle::default(),
                 metrics: Default::default(),
+                #[cfg(feature = "redis")]
+                coordinator,
             }),
         })
     }

@@ -22,6 +22,8 @@ mod algorithm;
 mod body;
 mod breaker;
 pub mod clock;
+#[cfg(feature = "redis")]
+mod coordinated;
 mod decision;
 mod deny_cache;
 mod error;
@@ -39,6 +41,8 @@ pub mod store;
 
 pub use body::ResponseBody;
 pub use breaker::CircuitBreaker;
+#[cfg(feature = "redis")]
+pub use coordinated::Coordinated;
 pub use decision::{Decision, QuotaStatus, RejectReason};
 pub use deny_cache::DenyCache;
 pub use error::{ConfigError, StoreError};

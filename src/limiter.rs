@@ -92,6 +92,9 @@ pub(crate) struct Limiter {
     pub(crate) fallback: Option<MemoryStore>,
     pub(crate) log: LogThrottle,
     pub(crate) metrics: OnceLock<Metrics>,
+    /// The coordinated mode, when configured: decisions without store calls.
+    #[cfg(feature = "redis")]
+    pub(crate) coordinator: Option<Arc<crate::coordinated::Coordinator>>,
 }
 
 /// Where a charge's answer came from.
@@ -103,6 +106,8 @@ pub(crate) enum Source {
     DenyCache,
     /// The open circuit breaker (the store was not called).
     Breaker,
+    /// The coordinated mode's local drop ratio (no store call).
+    Coordinated,
 }
 
 /// A charge in flight, with what is needed to act on its answer.
@@ -127,8 +132,19 @@ pub(crate) struct Charged {
     cost: u64,
     now_ms: u64,
     decision: Decision,
-    /// Charged to the local fallback store, not the configured one.
-    local: bool,
+    /// Where the charge went, so a refund goes to the same place.
+    to: ChargedTo,
+}
+
+/// Where a request was charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChargedTo {
+    /// The configured store.
+    Store,
+    /// The in-process fallback store ([`OnStoreError::Local`]).
+    Local,
+    /// Nowhere that takes refunds (the coordinated mode counts offered load).
+    Nowhere,
 }
 
 /// What to do with a request once its key and policy are known and charged.
@@ -179,6 +195,14 @@ impl Limiter {
             domain,
             grpc,
         };
+        #[cfg(feature = "redis")]
+        if let Some(c) = &self.coordinator {
+            let decision = c.decide(&key, &policy, cost, now_ms);
+            return (
+                StoreFuture::ready(Ok(decision)),
+                pending(Source::Coordinated, 0),
+            );
+        }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) = denials.check(&key, cost, now_ms) {
                 let p = Pending {
@@ -261,7 +285,11 @@ impl Limiter {
                     cost: p.cost,
                     now_ms: p.now_ms,
                     decision,
-                    local: false,
+                    to: if p.source == Source::Coordinated {
+                        ChargedTo::Nowhere
+                    } else {
+                        ChargedTo::Store
+                    },
                 }))
             }
             Ok(decision) => self.reject(p, decision),
@@ -302,6 +330,8 @@ impl Limiter {
         m.rejected.increment(1);
         match p.source {
             Source::DenyCache => m.deny_cache_hits.increment(1),
+            // A random drop: the next request may pass, nothing to cache.
+            Source::Coordinated => {}
             _ => {
                 if let Some(d) = &self.denials {
                     d.insert(p.key, p.cost, p.now_ms, &decision, &p.policy);
@@ -376,7 +406,7 @@ impl Limiter {
                         cost: p.cost,
                         now_ms: p.now_ms,
                         decision,
-                        local: true,
+                        to: ChargedTo::Local,
                     })),
                     Ok(decision) => self.reject(p, decision),
                     Err(_) => Verdict::Answer(response::unavailable(
@@ -428,8 +458,9 @@ impl Limiter {
     }
 
     fn spawn_refund(self: &Arc<Self>, c: &Charged) {
-        let store: &dyn Store = match (&self.fallback, c.local) {
-            (Some(local), true) => local,
+        let store: &dyn Store = match (&self.fallback, c.to) {
+            (_, ChargedTo::Nowhere) => return,
+            (Some(local), ChargedTo::Local) => local,
             _ => &*self.store,
         };
         let mut fut = store.refund(&Refund {

@@ -4,6 +4,8 @@
 mod example;
 #[path = "support/http.rs"]
 mod http_support;
+#[path = "support/redis.rs"]
+mod redis_support;
 
 use example::Running;
 use http::StatusCode;
@@ -152,4 +154,94 @@ fn demo_rejects_bad_flags_with_a_message_and_a_failure_status() {
             "{args:?} printed to stdout: no `listening on` line"
         );
     }
+}
+
+#[tokio::test]
+async fn demo_on_redis_serves_rate_limit_status_from_a_replica_without_charging() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let primary = redis_support::RedisServer::start();
+    let replica = redis_support::RedisServer::replica_of(&primary);
+    replica.wait_for_sync(&primary);
+    let (p, r) = (primary.url(), replica.url());
+    let demo = Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis",
+            "--redis-url",
+            &p,
+            "--replica-url",
+            &r,
+            "--limit",
+            "5",
+            "--window",
+            "1h",
+            "--key",
+            "header:x-client",
+        ],
+    );
+    let c = HttpClient::new();
+    let a: &[(&str, &[u8])] = &[("x-client", b"a")];
+    for _ in 0..2 {
+        assert_eq!(c.get_with(&demo.url("/"), a).await.status, StatusCode::OK);
+    }
+    replica.wait_for_sync(&primary);
+    for _ in 0..3 {
+        let r = c.get_with(&demo.url("/rate_limit"), a).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        assert!(
+            r.body.starts_with(r#"{"limit":5,"remaining":3,"reset":"#),
+            "{}",
+            r.body
+        );
+        assert!(r.body.ends_with(r#","used":2}"#), "{}", r.body);
+    }
+    // The status reads were not charged.
+    let r = c.get_with(&demo.url("/"), a).await;
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 2);
+    assert!(demo.terminate().success());
+}
+
+#[tokio::test]
+async fn demo_runs_the_coordinated_mode_on_redis_and_refuses_it_without_redis() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let redis = redis_support::RedisServer::start();
+    let url = redis.url();
+    let demo = Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--mode",
+            "coordinated",
+            "--sync-interval",
+            "200ms",
+            "--limit",
+            "50",
+            "--window",
+            "1s",
+        ],
+    );
+    let r = HttpClient::new().get(&demo.url("/")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header_u64("x-ratelimit-limit"), 50);
+    assert!(demo.terminate().success());
+
+    let out = Command::new(example::example_path("demo"))
+        .args(["--listen", "127.0.0.1:0", "--mode", "coordinated"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--store redis"));
 }

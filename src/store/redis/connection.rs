@@ -73,6 +73,23 @@ impl Connections {
             Connections::Cluster(cluster) => cluster.run(call).await,
         }
     }
+
+    /// Sends `pipe` in one round trip within `budget` (the coordinated mode's
+    /// sync). A pipeline over many clients' keys spans many hash slots, which a
+    /// cluster cannot route: the layer refuses that combination when it is built.
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        budget: std::time::Duration,
+    ) -> Result<Vec<redis::Value>, StoreError> {
+        match self {
+            Connections::Lanes(lanes) => lanes.query_pipeline(pipe, budget).await,
+            #[cfg(feature = "cluster")]
+            Connections::Cluster(_) => Err(StoreError::Unavailable(
+                "the coordinated mode cannot sync through a Redis Cluster".into(),
+            )),
+        }
+    }
 }
 
 /// A connection of either kind.
@@ -149,6 +166,29 @@ impl Lanes {
         }
         *self.lanes[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
         Ok((i, conn))
+    }
+
+    /// Sends `pipe` in one round trip within `budget` (used by the coordinated
+    /// mode's periodic sync; never on a request's path).
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        budget: std::time::Duration,
+    ) -> Result<Vec<redis::Value>, StoreError> {
+        let call = async {
+            let (i, mut conn) = self.get().await?;
+            pipe.query_async::<Vec<redis::Value>>(&mut conn)
+                .await
+                .map_err(|e| {
+                    if breaks_connection(&e) {
+                        self.discard(i);
+                    }
+                    redis_error(e)
+                })
+        };
+        tokio::time::timeout(budget, call)
+            .await
+            .map_err(|_| StoreError::Timeout(budget))?
     }
 
     /// Drops lane `i`'s connection after an error that may have broken it.

@@ -470,6 +470,16 @@ impl RedisStore {
         &self.inner.name
     }
 
+    /// The primary's connections (for the coordinated mode's sync).
+    pub(crate) fn primary(&self) -> &Connections {
+        &self.inner.primary
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
     /// The Redis key holding `key`'s state for the limiter `namespace`.
     pub fn redis_key(&self, namespace: &crate::store::Namespace, key: &crate::key::Key) -> String {
         keys::redis_key(&self.inner.prefix, namespace, key)

@@ -1,0 +1,223 @@
+//! Coordinated mode: four layers sharing one real Redis, time moved by hand.
+
+#[path = "support/example.rs"]
+mod example;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use redis_support::{require_redis, RedisServer};
+use std::convert::Infallible;
+use std::time::Duration;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
+use tower_ratelimit::key::Constant;
+use tower_ratelimit::store::RedisStore;
+use tower_ratelimit::{Coordinated, Quota, RateLimitLayer};
+
+const INSTANCES: usize = 4;
+const LIMIT: u64 = 100; // per second, fleet-wide
+const OFFERED: usize = 150; // per second, 1.5× the limit
+const INTERVAL: Duration = Duration::from_secs(1);
+
+struct Fleet {
+    layers: Vec<RateLimitLayer>,
+    clock: ManualClock,
+    next: usize,
+}
+
+impl Fleet {
+    fn new(server: &RedisServer, shadow: bool) -> Self {
+        let clock = ManualClock::new(SystemClock.now_ms());
+        let layers = (0..INSTANCES)
+            .map(|i| {
+                // Each instance has its own connections, as separate processes would.
+                let store = RedisStore::new(server.url()).unwrap();
+                let coordinated = Coordinated::new(store)
+                    .sync_interval(INTERVAL)
+                    .sync_timeout(Duration::from_millis(100))
+                    .manual_sync()
+                    .seed(1 + i as u64);
+                RateLimitLayer::builder()
+                    .name("fleet")
+                    .quota(Quota::new(LIMIT, Duration::from_secs(1)).unwrap())
+                    .key(Constant::new("api"))
+                    .coordinated(coordinated)
+                    .clock(clock.clone())
+                    .shadow(shadow)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        Self {
+            layers,
+            clock,
+            next: 0,
+        }
+    }
+
+    /// One interval: `OFFERED` requests round-robin over the instances, then
+    /// the clock moves on and every instance syncs. Returns how many were admitted.
+    async fn interval(&mut self) -> (usize, Option<http::HeaderMap>) {
+        let mut admitted = 0;
+        let mut rejection = None;
+        for _ in 0..OFFERED {
+            let layer = &self.layers[self.next % INSTANCES];
+            self.next += 1;
+            let mut svc = layer.layer(service_fn(|_req: Request<Body>| async {
+                Ok::<_, Infallible>(http::Response::new(Body::empty()))
+            }));
+            let res = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(Request::new(Body::empty()))
+                .await
+                .unwrap();
+            match res.status() {
+                StatusCode::OK => admitted += 1,
+                StatusCode::TOO_MANY_REQUESTS => rejection = Some(res.headers().clone()),
+                other => panic!("unexpected {other}"),
+            }
+        }
+        self.clock.advance(INTERVAL);
+        for layer in &self.layers {
+            let _ = layer.sync_now().await;
+        }
+        (admitted, rejection)
+    }
+}
+
+#[tokio::test]
+async fn four_layers_offered_one_and_a_half_times_the_limit_settle_within_ten_percent_after_three_intervals(
+) {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut fleet = Fleet::new(&server, false);
+    for _ in 0..3 {
+        fleet.interval().await;
+    }
+    let mut total = 0;
+    let mut rejection = None;
+    for i in 0..10 {
+        let (admitted, r) = fleet.interval().await;
+        assert!(
+            (75..=125).contains(&admitted),
+            "interval {i}: {admitted} admitted"
+        );
+        total += admitted;
+        rejection = rejection.or(r);
+    }
+    let limit = 10 * LIMIT as usize;
+    assert!(
+        total.abs_diff(limit) <= limit / 10,
+        "{total} admitted over 10 intervals, limit {limit}"
+    );
+    // A 429 in this mode still says when to come back: one sync interval.
+    let headers = rejection.expect("some requests were dropped");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(headers["x-ratelimit-limit"], "100");
+}
+
+#[tokio::test]
+async fn the_request_path_makes_no_store_call_only_each_sync_does() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut fleet = Fleet::new(&server, false);
+    fleet.interval().await; // connections open
+    server.config_resetstat();
+    let intervals = 8;
+    for _ in 0..intervals {
+        fleet.interval().await;
+    }
+    // 1,200 requests; Redis saw one INCRBY and one GET per instance per sync.
+    let syncs = (intervals * INSTANCES) as u64;
+    assert_eq!(server.command_calls("incrby"), syncs);
+    assert_eq!(server.command_calls("get"), syncs);
+    assert_eq!(server.command_calls("evalsha"), 0);
+}
+
+#[tokio::test]
+async fn a_frozen_redis_fails_open_after_the_staleness_bound_and_limiting_returns_two_syncs_after_it_does(
+) {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut fleet = Fleet::new(&server, false);
+    for _ in 0..4 {
+        fleet.interval().await;
+    }
+    assert!(
+        fleet.interval().await.0 < OFFERED,
+        "limiting before the freeze"
+    );
+    server.pause();
+    // Ratios hold for three intervals (the staleness bound), then fall to zero.
+    let mut unlimited_after = None;
+    for i in 0..5 {
+        if fleet.interval().await.0 == OFFERED {
+            unlimited_after.get_or_insert(i);
+        }
+    }
+    assert!(
+        unlimited_after.is_some_and(|i| i <= 3),
+        "never failed open: {unlimited_after:?}"
+    );
+    server.resume();
+    // The first sync after Redis returns reports; the second reads a complete interval.
+    fleet.interval().await;
+    fleet.interval().await;
+    let (admitted, _) = fleet.interval().await;
+    assert!(
+        (75..=125).contains(&admitted),
+        "{admitted} admitted two syncs after Redis returned"
+    );
+}
+
+#[tokio::test]
+async fn shadow_mode_computes_drops_but_admits_everything() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut fleet = Fleet::new(&server, true);
+    for _ in 0..6 {
+        assert_eq!(fleet.interval().await.0, OFFERED);
+    }
+}
+
+#[test]
+fn the_simulation_prints_a_table_per_profile_and_writes_an_svg() {
+    let out = std::env::temp_dir().join(format!("tower-ratelimit-sim-{}.svg", std::process::id()));
+    let run = std::process::Command::new(example::example_path("simulate"))
+        .args(["--seconds", "6", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let table = String::from_utf8_lossy(&run.stdout);
+    for profile in ["steady 1.5x", "spike 5x", "ramp 0.5x-2x"] {
+        assert!(table.contains(profile), "{table}");
+    }
+    assert_eq!(
+        table
+            .matches("offered  limit   memory   strict  coordinated")
+            .count(),
+        3
+    );
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.starts_with("<svg"), "not an SVG");
+    for label in ["memory", "strict", "coordinated", "fleet limit"] {
+        assert!(svg.contains(label), "the plot has no {label} series");
+    }
+    let _ = std::fs::remove_file(out);
+}
