@@ -32,7 +32,7 @@ pub(crate) enum Connections {
     /// One shared connection to a Redis Cluster, which routes each call to
     /// the node serving its key's hash slot.
     #[cfg(feature = "cluster")]
-    Cluster(super::cluster::ClusterLane),
+    Cluster(Box<super::cluster::ClusterLane>),
 }
 
 /// One call: a script (sent as `EVALSHA`, reloaded after `NOSCRIPT`) or a plain command.

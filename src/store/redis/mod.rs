@@ -271,12 +271,12 @@ impl RedisStoreBuilder {
                 "a Redis Cluster finds its replicas itself: `replica` is for a standalone primary",
             ));
         }
-        Ok(Connections::Cluster(cluster::ClusterLane::new(
+        Ok(Connections::Cluster(Box::new(cluster::ClusterLane::new(
             urls,
             self.connect_timeout,
             self.response_timeout,
             Some(vet),
-        )?))
+        )?)))
     }
 
     #[cfg(not(feature = "cluster"))]
