@@ -891,3 +891,50 @@ async fn grpc_calls_are_answered_with_grpc_statuses_and_a_streaming_call_holds_i
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Redis Cluster
+// ---------------------------------------------------------------------------
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_slots_and_tombstones_share_one_hash_slot() {
+    if !require_redis() {
+        return;
+    }
+    let cluster = redis_support::Cluster::start(3, 0);
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let (ns, k) = (Namespace::new(NAME), Key::new("k"));
+    let key = store.slots_key(&ns, &k);
+    let node = cluster.master_for_key(&key);
+    let now = SystemClock.now_ms();
+    let call = |id| Acquire {
+        limit: 2,
+        ..acquire(id, &k, &ns, now, 30_000)
+    };
+    let (a, b) = (SlotId::next(), SlotId::next());
+    // Two keys per script (slots and tombstones): any CROSSSLOT would be an error here.
+    assert!(store.acquire(&call(a)).await.unwrap().acquired);
+    assert!(store.acquire(&call(b)).await.unwrap().acquired);
+    assert!(!store.acquire(&call(SlotId::next())).await.unwrap().acquired);
+    assert_eq!(node.cmd(&["ZCARD", &key]).as_int(), 2);
+    let release = |id| Release {
+        namespace: &ns,
+        key: &k,
+        id,
+        now_ms: now,
+        lease: Duration::from_secs(30),
+        timeout: Duration::from_secs(2),
+    };
+    store.release(&release(a)).await.unwrap();
+    // A release ahead of its acquire leaves a tombstone beside the slots.
+    let late = SlotId::next();
+    store.release(&release(late)).await.unwrap();
+    assert!(!store.acquire(&call(late)).await.unwrap().acquired);
+    store.release(&release(b)).await.unwrap();
+    assert_eq!(node.cmd(&["ZCARD", &key]).as_int(), 0);
+}
