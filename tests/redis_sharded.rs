@@ -1,6 +1,7 @@
 //! The sharded store over several real `redis-server` primaries started by the
 //! tests: how keys spread, how many move when a shard is added, exact limits
 //! across instances, and a dead shard that affects only its own keys.
+#![cfg(feature = "redis")]
 
 #[path = "support/redis.rs"]
 mod redis_support;
