@@ -5,6 +5,7 @@
 //! the request is dropped, and (for a crashed instance) when its lease ends.
 //!
 //! Handlers wait on a semaphore the test controls, never on a timer.
+#![cfg(feature = "redis")]
 
 #[path = "support/example.rs"]
 mod example;
