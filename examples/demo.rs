@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --example demo -- --limit 3 --window 10s --key ip --headers both
+//! cargo run --example demo -- --algorithm token-bucket --burst 20 --quota 10/1s --quota 1000/1h
 //! ```
 //!
 //! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
@@ -21,7 +22,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer};
+use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, RateLimitLayer};
 
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
@@ -44,6 +45,16 @@ struct Args {
     /// Window length: 500ms, 1s, 60s, 1h.
     #[arg(long, default_value = "60s", value_parser = common::parse_duration)]
     window: Duration,
+    /// A quota `LIMIT/WINDOW`, e.g. `10/1s` (repeatable: all are charged, all
+    /// or nothing). When given, replaces `--limit` and `--window`.
+    #[arg(long = "quota", value_parser = common::parse_quota)]
+    quotas: Vec<(u64, Duration)>,
+    /// The algorithm of every quota.
+    #[arg(long, value_enum, default_value_t = common::AlgorithmArg::FixedWindow)]
+    algorithm: common::AlgorithmArg,
+    /// Token bucket and GCRA: the most requests admitted at once (default: the limit).
+    #[arg(long)]
+    burst: Option<u64>,
     /// What a client is: `ip` (the peer address), `global` (one shared limit) or `header:NAME`.
     #[arg(long, default_value = "ip", value_parser = common::parse_key)]
     key: common::KeyKind,
@@ -163,7 +174,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     if !matches!(args.store, StoreKind::None) {
         let mut builder = RateLimitLayer::builder()
-            .quota(Quota::new(args.limit, args.window)?)
+            .policy(common::policy(
+                &args.quotas,
+                (args.limit, args.window),
+                args.algorithm,
+                args.burst,
+            )?)
             .key(common::key_extractor(&args.key)?)
             .headers(match args.headers {
                 Headers::Github => HeaderStyle::GitHub,

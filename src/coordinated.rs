@@ -259,6 +259,7 @@ impl Coordinator {
             retry_after_ms: if drop { self.interval_ms } else { 0 },
             allowed: !drop,
             window_id: 0,
+            ..QuotaStatus::default()
         };
         let mut statuses = vec![status; 1];
         // Report the binding quota in the policy's first slot, others as unknown-but-open.
@@ -270,6 +271,7 @@ impl Coordinator {
                 retry_after_ms: 0,
                 allowed: true,
                 window_id: 0,
+                ..QuotaStatus::default()
             });
         }
         Decision::from_statuses(statuses, cost)

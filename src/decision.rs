@@ -5,19 +5,28 @@ use smallvec::SmallVec;
 /// The state of one quota after a decision, as the headers report it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuotaStatus {
-    /// The quota's limit (units per window).
+    /// The most units that can be spent at once: the quota's limit, or the
+    /// burst of a token bucket or GCRA quota.
     pub limit: u64,
     /// Units that can be spent now, within `0..=limit`.
     pub remaining: u64,
-    /// Unix ms at which the quota is fully available again (a window's stored reset).
+    /// Unix ms at which the quota is fully available again (a fixed window's
+    /// stored reset; when a bucket is full again; when the last logged or
+    /// counted unit stops weighing). `now` when it already is.
     pub reset_ms: u64,
     /// When this quota rejected the request: ms until it would be admitted; else 0.
     pub retry_after_ms: u64,
     /// Whether this quota alone would admit the request.
     pub allowed: bool,
-    /// Identity of the state charged (a fixed window's reset): a refund only
-    /// applies to state with the same identity, never to a newer window.
+    /// Identity of the state charged, for refunds: a fixed window's reset; for
+    /// a token bucket or GCRA the instant it would be full again after this
+    /// charge (the refund gives back only the part not yet refilled); a
+    /// sliding window counter's window start; a sliding log entry's time. A
+    /// refund never reaches a newer window or more than was charged.
     pub window_id: u64,
+    /// `reset_ms` as it would be had this charge not been made (a refund, or
+    /// another quota rejecting the request).
+    pub(crate) uncharged_reset_ms: Option<u64>,
 }
 
 impl QuotaStatus {

@@ -176,6 +176,7 @@ mod tests {
                 retry_after_ms: retry,
                 allowed: false,
                 window_id: 1_000 + retry,
+                ..QuotaStatus::default()
             }],
             1,
         )

@@ -150,6 +150,7 @@ mod tests {
             retry_after_ms: retry,
             allowed,
             window_id: reset_ms,
+            ..QuotaStatus::default()
         }
     }
 

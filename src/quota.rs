@@ -10,6 +10,20 @@
 //! let policy = Policy::new(per_second).and(per_hour).unwrap();
 //! assert_eq!(policy.quotas().len(), 2);
 //! ```
+//!
+//! Each quota has its own [`Algorithm`]; one policy may mix them:
+//!
+//! ```
+//! # use std::num::NonZeroU32;
+//! use std::time::Duration;
+//! use tower_ratelimit::{Algorithm, Policy, Quota};
+//! let bursty = Quota::per_second(NonZeroU32::new(10).unwrap())
+//!     .with_algorithm(Algorithm::TokenBucket)?
+//!     .burst(50)?;
+//! let hourly = Quota::new(1_000, Duration::from_secs(3600))?.with_algorithm(Algorithm::SlidingLog)?;
+//! let policy = Policy::new(bursty).and(hourly)?;
+//! # Ok::<(), tower_ratelimit::ConfigError>(())
+//! ```
 
 use crate::error::ConfigError;
 use std::borrow::Cow;
@@ -24,22 +38,84 @@ pub const MAX_QUOTAS: usize = 8;
 /// The longest window a quota may have (one year): windows are kept in milliseconds.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// The decision rule a quota is enforced with.
+/// The largest limit or burst a quota accepts: the Redis scripts compute in
+/// Lua numbers (doubles), exact for integers up to 2^53.
+pub const MAX_LIMIT: u64 = 1 << 52;
+
+/// The largest limit a [`Algorithm::SlidingLog`] quota accepts: the log keeps
+/// one entry per millisecond with a charge, so a key holds at most
+/// `min(limit, window in ms)` entries (about 40 bytes each in memory, about
+/// 100 in Redis).
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
+
+/// The decision rule a quota is enforced with. Every algorithm reports the
+/// same header meanings: `remaining` is what can be spent now, `reset` when
+/// the quota is fully available again, `retry-after` when a rejected request
+/// would be admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {
     /// `limit` units per window; the window starts with the key's first request
-    /// and its reset time is stored with the count.
+    /// and its reset time is stored with the count. Strict; allows up to
+    /// 2 × `limit` across a window boundary.
     #[default]
     FixedWindow,
+    /// A bucket of `burst` tokens (default `limit`) refilled at `limit` per
+    /// window, continuously and lazily (computed on each request from the
+    /// elapsed time). A full bucket after idle time allows a burst. Strict.
+    TokenBucket,
+    /// Sliding window counter: the count of the current aligned window plus
+    /// the previous window's count weighted by how much of it still overlaps
+    /// the sliding window. Constant state per key; approximate (it can admit
+    /// a little more than `limit` in a sliding window when the previous
+    /// window's traffic was bunched at its end).
+    SlidingWindow,
+    /// Generic cell rate algorithm: one theoretical arrival time per key,
+    /// emission interval `window / limit`, bursts of up to `burst` (default
+    /// `limit`). Admits exactly what a token bucket of the same rate and
+    /// burst admits, with one timestamp of state. Strict.
+    Gcra,
+    /// Sliding log: exact over every sliding window of `window`, at the cost
+    /// of one entry per millisecond with a charge; `limit` is capped at
+    /// [`MAX_SLIDING_LOG_LIMIT`]. Strict.
+    SlidingLog,
 }
 
 impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+    ];
+
     /// A short stable code, used in store field names and logs.
     pub const fn code(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fw",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::SlidingWindow => "sw",
+            Algorithm::Gcra => "gc",
+            Algorithm::SlidingLog => "sl",
         }
+    }
+
+    /// A small distinct number per algorithm (the memory store's slot id).
+    pub(crate) const fn index(self) -> u64 {
+        match self {
+            Algorithm::FixedWindow => 0,
+            Algorithm::TokenBucket => 1,
+            Algorithm::SlidingWindow => 2,
+            Algorithm::Gcra => 3,
+            Algorithm::SlidingLog => 4,
+        }
+    }
+
+    /// Whether the quota's `burst` applies (token bucket and GCRA).
+    pub const fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
 }
 
@@ -49,6 +125,8 @@ pub struct Quota {
     limit: u64,
     window_ms: u64,
     algorithm: Algorithm,
+    /// `None`: the limit (token bucket and GCRA only).
+    burst: Option<u64>,
     name: Option<Cow<'static, str>>,
 }
 
@@ -68,8 +146,8 @@ impl Quota {
         Self::from_parts(limit.get() as u64, 3_600_000)
     }
 
-    /// `limit` per `window`; errors if `limit` is 0 or `window` is not within
-    /// 1 ms ..= [`MAX_WINDOW`].
+    /// `limit` per `window`; errors if `limit` is not within 1 ..= [`MAX_LIMIT`]
+    /// or `window` is not within 1 ms ..= [`MAX_WINDOW`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -81,6 +159,11 @@ impl Quota {
     pub fn new(limit: u64, window: Duration) -> Result<Self, ConfigError> {
         if limit == 0 {
             return Err(ConfigError::new("a quota's limit must be at least 1"));
+        }
+        if limit > MAX_LIMIT {
+            return Err(ConfigError::new(format!(
+                "a quota's limit must be at most 2^52 ({MAX_LIMIT}), got {limit}"
+            )));
         }
         if window < Duration::from_millis(1) || window > MAX_WINDOW {
             return Err(ConfigError::new(format!(
@@ -95,6 +178,7 @@ impl Quota {
             limit,
             window_ms,
             algorithm: Algorithm::FixedWindow,
+            burst: None,
             name: None,
         }
     }
@@ -113,11 +197,96 @@ impl Quota {
         self
     }
 
-    /// Sets the algorithm (default [`Algorithm::FixedWindow`]).
-    #[must_use]
-    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+    /// Sets the algorithm (default [`Algorithm::FixedWindow`]). Errors when the
+    /// quota does not suit it: a sliding log above [`MAX_SLIDING_LOG_LIMIT`],
+    /// a burst set on an algorithm without one, or a limit × window too large
+    /// for exact arithmetic (see [`Quota::burst`]).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_ratelimit::{Algorithm, Quota};
+    /// let q = Quota::per_second(NonZeroU32::new(10).unwrap()).with_algorithm(Algorithm::Gcra)?;
+    /// assert_eq!(q.algorithm(), Algorithm::Gcra);
+    /// let big = Quota::new(50_000, Duration::from_secs(3600))?;
+    /// assert!(big.with_algorithm(Algorithm::SlidingLog).is_err());
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Result<Self, ConfigError> {
         self.algorithm = algorithm;
-        self
+        self.check()?;
+        Ok(self)
+    }
+
+    /// Sets the burst of a [`Algorithm::TokenBucket`] (its capacity) or
+    /// [`Algorithm::Gcra`] quota: the most units admitted at once after idle
+    /// time (default: the limit). The rate stays `limit` per window. Errors on
+    /// 0, on other algorithms (set the algorithm first), and when burst ×
+    /// window (ms) ÷ gcd(limit, window) exceeds 2^52 (e.g. a burst above
+    /// 142,000 with a one-year window and a prime limit).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Algorithm, Quota};
+    /// let q = Quota::per_second(NonZeroU32::new(10).unwrap())
+    ///     .with_algorithm(Algorithm::TokenBucket)?
+    ///     .burst(50)?;
+    /// assert_eq!(q.burst_size(), 50);
+    /// assert!(Quota::per_second(NonZeroU32::new(10).unwrap()).burst(50).is_err(), "fixed window has no burst");
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn burst(mut self, burst: u64) -> Result<Self, ConfigError> {
+        if burst == 0 {
+            return Err(ConfigError::new("a quota's burst must be at least 1"));
+        }
+        self.burst = Some(burst);
+        self.check()?;
+        Ok(self)
+    }
+
+    /// Checks the combination of limit, window, algorithm and burst.
+    fn check(&self) -> Result<(), ConfigError> {
+        let a = self.algorithm;
+        if self.burst.is_some() && !a.has_burst() {
+            return Err(ConfigError::new(format!(
+                "a burst applies to token bucket and GCRA quotas, not {a:?}; call .with_algorithm() before .burst()"
+            )));
+        }
+        match a {
+            Algorithm::FixedWindow => Ok(()),
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                let burst = self.burst_size();
+                if burst > MAX_LIMIT
+                    || crate::algorithm::rate::Rate::of(self.limit, self.window_ms, burst).is_none()
+                {
+                    return Err(ConfigError::new(format!(
+                        "a {a:?} quota of {} per {} with burst {burst} is too large for exact arithmetic (burst x window ms / gcd(limit, window ms) must be at most 2^52); lower the burst or the window",
+                        self.limit,
+                        format_window(self.window_ms)
+                    )));
+                }
+                Ok(())
+            }
+            Algorithm::SlidingWindow => {
+                if self.limit.saturating_mul(self.window_ms) > MAX_LIMIT {
+                    return Err(ConfigError::new(format!(
+                        "a sliding window quota needs limit x window ms <= 2^52 for exact arithmetic; {} per {} is too large",
+                        self.limit,
+                        format_window(self.window_ms)
+                    )));
+                }
+                Ok(())
+            }
+            Algorithm::SlidingLog => {
+                if self.limit > MAX_SLIDING_LOG_LIMIT {
+                    return Err(ConfigError::new(format!(
+                        "a sliding log keeps one entry per charged millisecond, so its limit is capped at {MAX_SLIDING_LOG_LIMIT}; got {} (use the sliding window counter or a token bucket for larger limits)",
+                        self.limit
+                    )));
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Units of cost allowed per window.
@@ -138,6 +307,16 @@ impl Quota {
     /// The algorithm.
     pub const fn algorithm(&self) -> Algorithm {
         self.algorithm
+    }
+
+    /// The most units admitted at once: the burst of a token bucket or GCRA
+    /// quota (default the limit), the limit for every other algorithm. This
+    /// is the `limit` its statuses and headers report.
+    pub const fn burst_size(&self) -> u64 {
+        match self.burst {
+            Some(b) => b,
+            None => self.limit,
+        }
     }
 
     /// The quota's name: the configured one, or its window (`"1s"`, `"500ms"`, `"1h"`).
@@ -188,7 +367,8 @@ impl Policy {
     }
 
     /// Adds a quota; errors past [`MAX_QUOTAS`] or when two quotas share an
-    /// algorithm and window (they would share state).
+    /// algorithm and window (they would share state). Quotas of different
+    /// algorithms mix freely and are still charged in one atomic call.
     ///
     /// ```
     /// # use std::num::NonZeroU32;
@@ -222,14 +402,17 @@ impl Policy {
 }
 
 impl Policy {
-    /// The same quotas with each limit multiplied by `fraction` (at least 1):
-    /// what one instance admits on its own when the shared store is down.
+    /// The same quotas with each limit (and burst) multiplied by `fraction`
+    /// (at least 1): what one instance admits on its own when the shared store
+    /// is down.
     pub(crate) fn scaled(&self, fraction: f64) -> Policy {
+        let scale = |n: u64| ((n as f64 * fraction).floor() as u64).max(1);
         let quotas: Vec<Quota> = self
             .quotas
             .iter()
             .map(|q| Quota {
-                limit: ((q.limit as f64 * fraction).floor() as u64).max(1),
+                limit: scale(q.limit),
+                burst: q.burst.map(scale),
                 ..q.clone()
             })
             .collect();
@@ -248,6 +431,89 @@ impl From<Quota> for Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn n(v: u32) -> NonZeroU32 {
+        NonZeroU32::new(v).unwrap()
+    }
+
+    #[test]
+    fn every_algorithm_has_a_distinct_code_and_index_so_slots_stay_unique() {
+        let codes: std::collections::HashSet<_> = Algorithm::ALL.iter().map(|a| a.code()).collect();
+        let idx: std::collections::HashSet<_> = Algorithm::ALL.iter().map(|a| a.index()).collect();
+        assert_eq!((codes.len(), idx.len()), (5, 5));
+        assert!(Algorithm::ALL.iter().all(|a| a.index() < 8));
+        let slots: std::collections::HashSet<_> = Algorithm::ALL
+            .iter()
+            .map(|a| Quota::per_second(n(5)).with_algorithm(*a).unwrap().slot())
+            .collect();
+        assert_eq!(slots.len(), 5);
+    }
+
+    #[test]
+    fn a_policy_mixes_algorithms_but_refuses_two_quotas_sharing_a_slot() {
+        let tb = Quota::per_second(n(10))
+            .with_algorithm(Algorithm::TokenBucket)
+            .unwrap();
+        let p = Policy::new(tb.clone())
+            .and(Quota::per_second(n(10)))
+            .unwrap();
+        assert!(
+            p.and(tb.burst(20).unwrap()).is_err(),
+            "same algorithm and window"
+        );
+    }
+
+    #[test]
+    fn invalid_algorithm_settings_are_refused_when_the_quota_is_built() {
+        let day = Duration::from_secs(86_400);
+        assert!(Quota::new(10_000, day)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingLog)
+            .is_ok());
+        let e = Quota::new(10_001, day)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingLog)
+            .unwrap_err();
+        assert!(e.to_string().contains("10000"), "{e}");
+        assert!(
+            Quota::per_second(n(1)).burst(2).is_err(),
+            "fixed window has no burst"
+        );
+        let tb = Quota::per_second(n(1))
+            .with_algorithm(Algorithm::TokenBucket)
+            .unwrap();
+        assert!(tb.clone().burst(0).is_err());
+        let bursty = tb.burst(5).unwrap();
+        assert!(
+            bursty.with_algorithm(Algorithm::FixedWindow).is_err(),
+            "a burst left on a fixed window"
+        );
+        // 2^52 / 1 year in ms is about 142,000: a prime limit cannot be reduced.
+        let year = Duration::from_secs(365 * 86_400);
+        assert!(Quota::new(1_000_003, year)
+            .unwrap()
+            .with_algorithm(Algorithm::Gcra)
+            .is_err());
+        // A limit sharing factors with the window reduces: 1,000,000 per year is fine.
+        assert!(Quota::new(1_000_000, year)
+            .unwrap()
+            .with_algorithm(Algorithm::Gcra)
+            .is_ok());
+        assert!(Quota::new(1_000_000, year)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingWindow)
+            .is_err());
+        assert!(Quota::new(MAX_LIMIT + 1, Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn burst_size_defaults_to_the_limit() {
+        let q = Quota::per_minute(n(7))
+            .with_algorithm(Algorithm::Gcra)
+            .unwrap();
+        assert_eq!(q.burst_size(), 7);
+        assert_eq!(q.burst(9).unwrap().burst_size(), 9);
+    }
 
     #[test]
     fn window_names_use_the_largest_whole_unit() {

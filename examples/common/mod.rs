@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 use tower_ratelimit::key::{ClientIp, Constant, GrpcMethod, Header, KeyExtractor};
+use tower_ratelimit::{Algorithm, ConfigError, Policy, Quota};
 
 /// What a client is, as given by `--key`.
 #[derive(Clone, Debug)]
@@ -47,6 +48,68 @@ pub fn key_extractor(kind: &KeyKind) -> Result<Box<dyn KeyExtractor>, Box<dyn st
         KeyKind::Header(name) => Box::new(Header::try_new(name.as_str())?),
         KeyKind::Method => Box::new(GrpcMethod),
     })
+}
+
+/// `--algorithm` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AlgorithmArg {
+    FixedWindow,
+    TokenBucket,
+    SlidingWindow,
+    Gcra,
+    SlidingLog,
+}
+
+impl From<AlgorithmArg> for Algorithm {
+    fn from(a: AlgorithmArg) -> Self {
+        match a {
+            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
+            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
+            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
+            AlgorithmArg::Gcra => Algorithm::Gcra,
+            AlgorithmArg::SlidingLog => Algorithm::SlidingLog,
+        }
+    }
+}
+
+/// Parses a quota `LIMIT/WINDOW`: `10/1s`, `1000/1h`, `5/500ms`.
+pub fn parse_quota(s: &str) -> Result<(u64, Duration), String> {
+    let (limit, window) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}` is not a quota like 10/1s or 1000/1h"))?;
+    let limit = limit
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{limit}` in `{s}` is not a whole number of requests"))?;
+    Ok((limit, parse_duration(window)?))
+}
+
+/// The policy of `quotas` (or the single `fallback` quota when none is
+/// given), each with `algorithm` and, where it applies, `burst`.
+pub fn policy(
+    quotas: &[(u64, Duration)],
+    fallback: (u64, Duration),
+    algorithm: AlgorithmArg,
+    burst: Option<u64>,
+) -> Result<Policy, ConfigError> {
+    let algorithm = Algorithm::from(algorithm);
+    let one = |&(limit, window): &(u64, Duration)| -> Result<Quota, ConfigError> {
+        let q = Quota::new(limit, window)?.with_algorithm(algorithm)?;
+        match burst {
+            Some(b) => q.burst(b),
+            None => Ok(q),
+        }
+    };
+    let specs = if quotas.is_empty() {
+        std::slice::from_ref(&fallback)
+    } else {
+        quotas
+    };
+    let mut policy = Policy::new(one(&specs[0])?);
+    for spec in &specs[1..] {
+        policy = policy.and(one(spec)?)?;
+    }
+    Ok(policy)
 }
 
 /// Parses `500ms`, `1s`, `60s`, `5m`, `1h` (or a bare number of seconds).

@@ -1,7 +1,7 @@
 //! The embedded store: sharded maps behind short per-shard locks.
 
 use super::{Charge, Refund, Store, StoreFuture};
-use crate::algorithm::{self, State};
+use crate::algorithm::{self, Next, State};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -59,38 +59,58 @@ struct Shard {
     inserts_since_sweep: usize,
 }
 
-/// One key's state: one slot per quota (algorithm and window).
+/// One key's state: one slot per quota (algorithm and window), each with the
+/// time after which it carries no information.
 #[derive(Clone, Debug)]
 struct Entry {
-    slots: SmallVec<[(u64, State); 1]>,
+    slots: SmallVec<[Slot; 1]>,
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    id: u64,
+    expires_at: u64,
+    state: State,
 }
 
 impl Entry {
-    fn get(&self, slot: u64) -> Option<&State> {
-        self.slots
-            .iter()
-            .find(|(s, _)| *s == slot)
-            .map(|(_, st)| st)
+    fn get(&self, id: u64) -> Option<&State> {
+        self.slots.iter().find(|s| s.id == id).map(|s| &s.state)
     }
 
-    fn set(&mut self, slot: u64, state: State) {
-        match self.slots.iter_mut().find(|(s, _)| *s == slot) {
-            Some(entry) => entry.1 = state,
-            None => self.slots.push((slot, state)),
-        }
+    fn get_mut(&mut self, id: u64) -> Option<&mut Slot> {
+        self.slots.iter_mut().find(|s| s.id == id)
     }
 
     fn expires_at(&self) -> u64 {
-        self.slots
-            .iter()
-            .map(|(_, s)| s.expires_at())
-            .max()
-            .unwrap_or(0)
+        self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
+    }
+
+    /// Writes an admitted charge of `cost` to quota `q`'s slot.
+    fn commit(&mut self, q: &Quota, next: Next, now: u64, cost: u64) {
+        let id = slot_of(q);
+        match self.get_mut(id) {
+            Some(slot) => {
+                next.apply(Some(&mut slot.state), now, cost);
+                slot.expires_at = algorithm::expires_at(q, &slot.state);
+            }
+            None => {
+                if let Some(state) = next.apply(None, now, cost) {
+                    let expires_at = algorithm::expires_at(q, &state);
+                    self.slots.push(Slot {
+                        id,
+                        expires_at,
+                        state,
+                    });
+                }
+            }
+        }
     }
 }
 
+/// A quota's slot within a key: its window and algorithm (as `Quota::slot`).
 fn slot_of(q: &Quota) -> u64 {
-    (q.window_ms() << 4) | q.algorithm() as u64
+    (q.window_ms() << 3) | q.algorithm().index()
 }
 
 /// Builds a [`MemoryStore`].
@@ -212,15 +232,17 @@ impl MemoryStore {
         let now = call.now_ms;
         let quotas = call.policy.quotas();
 
-        let mut next: SmallVec<[(u64, State); 2]> = SmallVec::new();
+        let mut next: SmallVec<[Next; 2]> = SmallVec::new();
         let decision = {
-            let entry = shard.map.get(&mk);
+            let mut entry = shard.map.get_mut(&mk);
             Decision::from_statuses(
                 quotas.iter().map(|q| {
-                    let slot = slot_of(q);
-                    let (status, st) =
-                        algorithm::charge(q, entry.and_then(|e| e.get(slot)), now, call.cost);
-                    next.push((slot, st));
+                    let state = entry
+                        .as_deref_mut()
+                        .and_then(|e| e.get_mut(slot_of(q)))
+                        .map(|s| &mut s.state);
+                    let (status, n) = algorithm::charge(q, state, now, call.cost);
+                    next.push(n);
                     status
                 }),
                 call.cost,
@@ -230,15 +252,18 @@ impl MemoryStore {
             return Ok(decision);
         }
         if let Some(entry) = shard.map.get_mut(&mk) {
-            entry.slots.retain(|(_, s)| s.expires_at() > now);
-            for (slot, st) in next {
-                entry.set(slot, st);
+            entry.slots.retain(|s| s.expires_at > now);
+            for (q, n) in quotas.iter().zip(next) {
+                entry.commit(q, n, now, call.cost);
             }
             return Ok(decision);
         }
-        let entry = Entry {
-            slots: next.into_iter().collect(),
+        let mut entry = Entry {
+            slots: SmallVec::new(),
         };
+        for (q, n) in quotas.iter().zip(next) {
+            entry.commit(q, n, now, call.cost);
+        }
         self.insert(&mut shard, mk, entry, now)?;
         Ok(decision)
     }
@@ -288,13 +313,20 @@ impl MemoryStore {
         let Some(entry) = shard.map.get_mut(&mk) else {
             return;
         };
+        let mut refunded = false;
         for (q, status) in c.policy.quotas().iter().zip(call.decision.statuses()) {
-            let slot = slot_of(q);
-            if let Some(st) =
-                algorithm::refund(q, entry.get(slot), status.window_id, c.now_ms, c.cost)
-            {
-                entry.set(slot, st);
+            let Some(slot) = entry.get_mut(slot_of(q)) else {
+                continue;
+            };
+            if algorithm::refund(q, Some(&mut slot.state), status.window_id, c.now_ms, c.cost) {
+                // A refund can bring a bucket's "full again" time forward.
+                slot.expires_at = algorithm::expires_at(q, &slot.state);
+                refunded = true;
             }
+        }
+        if refunded {
+            let expiry = entry.expires_at();
+            shard.min_expiry = shard.min_expiry.min(expiry);
         }
     }
 

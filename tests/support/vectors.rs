@@ -5,7 +5,7 @@
 use std::time::Duration;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, Namespace, Refund, Store};
-use tower_ratelimit::{Decision, Policy, Quota};
+use tower_ratelimit::{Algorithm, Decision, Policy, Quota};
 
 /// One step: at `t` ms after the start, `key` asks for `cost`; per quota the
 /// expected (remaining, reset offset from start, retry-after ms).
@@ -64,7 +64,168 @@ fn fixed_2_per_s_and_4_per_10s() -> Policy {
         .unwrap()
 }
 
+fn quota(limit: u64, window_ms: u64, algorithm: Algorithm) -> Quota {
+    Quota::new(limit, Duration::from_millis(window_ms))
+        .unwrap()
+        .with_algorithm(algorithm)
+        .unwrap()
+}
+
+fn token_bucket_4_per_s() -> Policy {
+    Policy::new(quota(4, 1_000, Algorithm::TokenBucket))
+}
+
+fn gcra_4_per_s() -> Policy {
+    Policy::new(quota(4, 1_000, Algorithm::Gcra))
+}
+
+fn token_bucket_3_per_s_burst_2() -> Policy {
+    Policy::new(quota(3, 1_000, Algorithm::TokenBucket).burst(2).unwrap())
+}
+
+fn gcra_3_per_s_burst_2() -> Policy {
+    Policy::new(quota(3, 1_000, Algorithm::Gcra).burst(2).unwrap())
+}
+
+fn sliding_window_4_per_s() -> Policy {
+    Policy::new(quota(4, 1_000, Algorithm::SlidingWindow))
+}
+
+fn sliding_log_3_per_s() -> Policy {
+    Policy::new(quota(3, 1_000, Algorithm::SlidingLog))
+}
+
+fn token_bucket_2_per_s_and_sliding_log_4_per_10s() -> Policy {
+    Policy::new(quota(2, 1_000, Algorithm::TokenBucket))
+        .and(quota(4, 10_000, Algorithm::SlidingLog))
+        .unwrap()
+}
+
+fn gcra_2_per_s_and_sliding_window_3_per_10s() -> Policy {
+    Policy::new(quota(2, 1_000, Algorithm::Gcra))
+        .and(quota(3, 10_000, Algorithm::SlidingWindow))
+        .unwrap()
+}
+
+/// Token bucket and GCRA admit the same requests: one table serves both.
+/// 4/s, burst 4: a token every 250 ms.
+const RATE_4_PER_S: &[Row] = &[
+    row(0, "a", 1, true, &[(3, 250, 0)]),
+    row(0, "a", 3, true, &[(0, 1_000, 0)]),
+    // 100 ms refilled 0.4 tokens: 150 ms more for a whole one.
+    row(100, "a", 1, false, &[(0, 1_000, 150)]),
+    row(250, "a", 1, true, &[(0, 1_250, 0)]),
+    // Above the burst: never admitted, no wait helps.
+    row(250, "a", 5, false, &[(0, 1_250, 0)]),
+    // Idle time fills the bucket: a burst is allowed again.
+    row(2_000, "a", 1, true, &[(3, 2_250, 0)]),
+    // A refund gives the tokens back (and the earlier reset).
+    refunded(2_000, "a", 2, &[(3, 2_250, 0)]),
+    row(2_000, "a", 3, true, &[(0, 3_000, 0)]),
+    row(2_001, "a", 1, false, &[(0, 3_000, 249)]),
+    row(2_001, "b", 4, true, &[(0, 3_001, 0)]),
+];
+
+/// 3/s with burst 2: 333⅓ ms per token, kept exactly (no drift).
+const RATE_3_PER_S_BURST_2: &[Row] = &[
+    row(0, "a", 2, true, &[(0, 667, 0)]),
+    row(0, "a", 1, false, &[(0, 667, 334)]),
+    row(334, "a", 1, true, &[(0, 1_000, 0)]),
+    // Three requests used exactly one second: full again at 1000.
+    row(1_000, "a", 2, true, &[(0, 1_667, 0)]),
+    row(1_334, "a", 1, true, &[(0, 2_000, 0)]),
+    row(1_334, "a", 1, false, &[(0, 2_000, 333)]),
+];
+
 pub const TABLES: &[Table] = &[
+    Table {
+        name: "token bucket 4/s",
+        policy: token_bucket_4_per_s,
+        rows: RATE_4_PER_S,
+    },
+    Table {
+        name: "gcra 4/s",
+        policy: gcra_4_per_s,
+        rows: RATE_4_PER_S,
+    },
+    Table {
+        name: "token bucket 3/s burst 2",
+        policy: token_bucket_3_per_s_burst_2,
+        rows: RATE_3_PER_S_BURST_2,
+    },
+    Table {
+        name: "gcra 3/s burst 2",
+        policy: gcra_3_per_s_burst_2,
+        rows: RATE_3_PER_S_BURST_2,
+    },
+    Table {
+        name: "sliding window 4/s (windows aligned to the start)",
+        policy: sliding_window_4_per_s,
+        rows: &[
+            row(0, "a", 3, true, &[(1, 2_000, 0)]),
+            // 3 + 2 > 4 in this window: next window, once 3 × (1 − e) + 2 ≤ 4.
+            row(500, "a", 2, false, &[(1, 2_000, 834)]),
+            // Second window, a quarter in: 3 × 0.75 = 2.25 used.
+            row(1_250, "a", 1, true, &[(0, 3_000, 0)]),
+            // 2.25 + 1 + 1 > 4 until 3 × (1 − e) ≤ 2, at e = 334 ms.
+            row(1_250, "a", 1, false, &[(0, 3_000, 84)]),
+            refunded(1_500, "a", 1, &[(1, 3_000, 0)]),
+            // Third window: only 1 unit of the second weighs, 1 ms before the end.
+            row(2_999, "a", 4, false, &[(3, 3_000, 1)]),
+            row(3_000, "a", 4, true, &[(0, 5_000, 0)]),
+            row(5_000, "a", 5, false, &[(4, 5_000, 0)]),
+        ],
+    },
+    Table {
+        name: "sliding log 3/s",
+        policy: sliding_log_3_per_s,
+        rows: &[
+            row(0, "a", 1, true, &[(2, 1_000, 0)]),
+            row(400, "a", 2, true, &[(0, 1_400, 0)]),
+            // The entry at 0 slides out at 1000.
+            row(999, "a", 1, false, &[(0, 1_400, 1)]),
+            // At 1000 one unit is free; two need the entry at 400 gone.
+            row(1_000, "a", 2, false, &[(1, 1_400, 400)]),
+            row(1_000, "a", 1, true, &[(0, 2_000, 0)]),
+            refunded(1_400, "a", 1, &[(2, 2_000, 0)]),
+            row(1_400, "a", 2, true, &[(0, 2_400, 0)]),
+            row(1_400, "a", 4, false, &[(0, 2_400, 0)]),
+            row(5_000, "a", 0, true, &[(3, 5_000, 0)]),
+            // Two charges in one ms share an entry; refunding one keeps the
+            // other (and, in Redis, the log's TTL: regression for a
+            // partial refund that re-created the sorted set without one).
+            row(6_000, "a", 1, true, &[(2, 7_000, 0)]),
+            refunded(6_000, "a", 1, &[(2, 7_000, 0)]),
+        ],
+    },
+    Table {
+        name: "token bucket 2/s and sliding log 4/10s, all or nothing",
+        policy: token_bucket_2_per_s_and_sliding_log_4_per_10s,
+        rows: &[
+            row(0, "a", 1, true, &[(1, 500, 0), (3, 10_000, 0)]),
+            row(0, "a", 1, true, &[(0, 1_000, 0), (2, 10_000, 0)]),
+            // The bucket rejects; the log is not charged.
+            row(0, "a", 1, false, &[(0, 1_000, 500), (2, 10_000, 0)]),
+            row(1_000, "a", 2, true, &[(0, 2_000, 0), (0, 11_000, 0)]),
+            // The log rejects; the bucket keeps its tokens and its reset.
+            row(2_000, "a", 1, false, &[(2, 2_000, 0), (0, 11_000, 8_000)]),
+            row(10_000, "a", 2, true, &[(0, 11_000, 0), (0, 20_000, 0)]),
+            refunded(20_000, "a", 1, &[(2, 20_000, 0), (4, 20_000, 0)]),
+        ],
+    },
+    Table {
+        name: "gcra 2/s and sliding window 3/10s, all or nothing",
+        policy: gcra_2_per_s_and_sliding_window_3_per_10s,
+        rows: &[
+            row(0, "a", 2, true, &[(0, 1_000, 0), (1, 20_000, 0)]),
+            // The GCRA rejects; the sliding window is not charged.
+            row(0, "a", 1, false, &[(0, 1_000, 500), (1, 20_000, 0)]),
+            row(1_000, "a", 1, true, &[(1, 1_500, 0), (0, 20_000, 0)]),
+            // The sliding window rejects; the GCRA keeps its time.
+            // Next window, once 3 × (1 − e) + 1 ≤ 3: 9000 + 3334 ms.
+            row(1_000, "a", 1, false, &[(1, 1_500, 0), (0, 20_000, 12_334)]),
+        ],
+    },
     Table {
         name: "fixed window 3/s",
         policy: fixed_3_per_s,
@@ -108,6 +269,9 @@ pub const TABLES: &[Table] = &[
 
 /// Runs every table through `store`, starting at `start_ms`; panics on the first difference.
 pub async fn run_tables(store: &dyn Store, start_ms: u64) {
+    // Sliding windows are aligned to the epoch: start on a minute, in the
+    // future, so Redis TTLs derived from these times are never in the past.
+    let start_ms = (start_ms / 60_000 + 1) * 60_000;
     for (ti, table) in TABLES.iter().enumerate() {
         let ns = Namespace::new(&format!("vectors{ti}"));
         let policy = (table.policy)();

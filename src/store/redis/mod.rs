@@ -14,21 +14,22 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each charge is one `EVALSHA` of `lua/fixed_window.lua`, which reads, decides
-//! and writes atomically and returns the state the decision was made on; the
-//! headers are built from that reply only. A refund is one more script call,
-//! run in the background. All of a client's state is one hash under one key,
-//! so every call touches one hash slot.
+//! Each charge is one `EVALSHA` of `lua/charge.lua` (assembled with one Lua
+//! file per algorithm), which reads, decides and writes every quota of the
+//! policy atomically and returns the state the decision was made on; the
+//! headers are built from that reply only, by the same math the memory store
+//! runs. A refund is one more script call, run in the background. All of a
+//! client's state is one hash under one key (plus, for a sliding-log quota,
+//! a sorted set sharing its hash tag), so every call touches one hash slot.
 
 mod connection;
 mod keys;
+mod reply;
 mod scripts;
 
 use self::connection::{breaks_connection, redis_error, Lanes, Vet};
-use crate::algorithm::{self, fixed_window, State};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::quota::Policy;
 use crate::store::{Charge, Refund, Store, StoreFuture};
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{self, AsyncConnectionConfig, FromRedisValue, ScriptInvocation};
@@ -364,135 +365,73 @@ async fn invoke<T: FromRedisValue>(
     }
 }
 
-fn slot_field(q: &crate::quota::Quota) -> String {
-    q.slot()
-}
-
-/// Builds the decision from the script's reply: the state it read, replayed
-/// through the same pure math the memory store uses.
-fn decode(
-    policy: &Policy,
-    cost: u64,
-    sent_now: Option<u64>,
-    reply: &[i64],
-) -> Result<Decision, StoreError> {
-    let n = policy.quotas().len();
-    if reply.len() != 2 + 2 * n || reply.iter().any(|v| *v < 0) {
-        return Err(StoreError::Protocol(format!(
-            "charge script returned {reply:?}"
-        )));
+impl RedisStore {
+    /// A script call on `call`'s key: its keys, time, cost and every quota's arguments.
+    fn invocation(
+        &self,
+        script: &'static redis::Script,
+        call: &Charge<'_>,
+        cost: u64,
+    ) -> (ScriptInvocation<'static>, Option<u64>) {
+        let (now, sent_now) = self.now_arg(call.now_ms);
+        let mut inv = script.prepare_invoke();
+        reply::keys(
+            &mut inv,
+            &self.redis_key(call.namespace, call.key),
+            call.policy,
+        );
+        inv.arg(now).arg(cost).arg(call.policy.quotas().len());
+        (inv, sent_now)
     }
-    let now = reply[1] as u64;
-    if sent_now.is_some_and(|t| t != now) {
-        // Every reply echoes the time it was sent with: a reply to another call
-        // (a desynchronised connection) is caught, never used.
-        return Err(StoreError::Protocol(format!(
-            "reply for time {now} does not belong to a call sent at {sent_now:?}"
-        )));
-    }
-    let statuses = policy.quotas().iter().enumerate().map(|(i, q)| {
-        let read = fixed_window::State {
-            count: reply[2 + 2 * i] as u64,
-            reset_ms: reply[3 + 2 * i] as u64,
-        };
-        algorithm::charge(q, Some(&State::FixedWindow(read)), now, cost).0
-    });
-    let decision = Decision::from_statuses(statuses, cost);
-    if decision.is_allowed() != (reply[0] == 1) {
-        return Err(StoreError::Protocol(format!(
-            "charge script decided {} but the state it returned says otherwise: {reply:?}",
-            reply[0]
-        )));
-    }
-    Ok(decision)
 }
 
 impl Store for RedisStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        let (now, sent_now) = self.now_arg(call.now_ms);
-        let mut inv = scripts::FIXED_WINDOW.prepare_invoke();
-        inv.key(self.redis_key(call.namespace, call.key))
-            .arg(now)
-            .arg(call.cost)
-            .arg(call.policy.quotas().len());
+        let (mut inv, sent_now) = self.invocation(&scripts::CHARGE, call, call.cost);
         for q in call.policy.quotas() {
-            inv.arg(slot_field(q)).arg(q.limit()).arg(q.window_ms());
+            reply::quota_args(&mut inv, q);
         }
         let inner = self.inner.clone();
         let policy = call.policy.clone();
         let (cost, budget) = (call.cost, call.timeout);
         StoreFuture::pending(async move {
-            let reply: Vec<i64> = invoke(&inner.primary, &inv, budget).await?;
-            decode(&policy, cost, sent_now, &reply)
+            let r: Vec<i64> = invoke(&inner.primary, &inv, budget).await?;
+            reply::decode(&policy, Some(cost), sent_now, &r)
         })
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
         let c = &call.charge;
-        let (now, _) = self.now_arg(c.now_ms);
-        let mut inv = scripts::REFUND_FIXED_WINDOW.prepare_invoke();
-        inv.key(self.redis_key(c.namespace, c.key))
-            .arg(now)
-            .arg(c.cost)
-            .arg(c.policy.quotas().len());
+        let (mut inv, _) = self.invocation(&scripts::REFUND, c, c.cost);
         for (q, s) in c.policy.quotas().iter().zip(call.decision.statuses()) {
-            inv.arg(slot_field(q)).arg(s.window_id);
+            reply::quota_args(&mut inv, q);
+            inv.arg(s.window_id);
         }
         let inner = self.inner.clone();
         let budget = c.timeout;
         StoreFuture::pending(async move {
-            let _refunded: i64 = invoke(&inner.primary, &inv, budget).await?;
+            let _written: i64 = invoke(&inner.primary, &inv, budget).await?;
             Ok(())
         })
     }
 
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        let key = self.redis_key(call.namespace, call.key);
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(&key);
+        // Read-only: a replica may answer. Time is the application's, as for
+        // a charge (or Redis TIME); a window past its reset is discarded.
+        let (mut inv, sent_now) = self.invocation(&scripts::STATUS, call, 0);
         for q in call.policy.quotas() {
-            let f = slot_field(q);
-            cmd.arg(format!("{f}c")).arg(format!("{f}r"));
+            reply::quota_args(&mut inv, q);
         }
         let inner = self.inner.clone();
         let policy = call.policy.clone();
-        let (now, budget) = (call.now_ms, call.timeout);
+        let budget = call.timeout;
         StoreFuture::pending(async move {
-            let read = async {
-                let lanes = match inner.replicas.len() {
-                    0 => &inner.primary,
-                    n => &inner.replicas[inner.next_replica.fetch_add(1, Ordering::Relaxed) % n],
-                };
-                let (i, mut conn) = lanes.get().await?;
-                cmd.query_async::<Vec<Option<u64>>>(&mut conn)
-                    .await
-                    .map_err(|e| {
-                        if breaks_connection(&e) {
-                            lanes.discard(i);
-                        }
-                        redis_error(e)
-                    })
+            let lanes = match inner.replicas.len() {
+                0 => &inner.primary,
+                n => &inner.replicas[inner.next_replica.fetch_add(1, Ordering::Relaxed) % n],
             };
-            let vals = tokio::time::timeout(budget, read)
-                .await
-                .map_err(|_| StoreError::Timeout(budget))??;
-            if vals.len() != 2 * policy.quotas().len() {
-                return Err(StoreError::Protocol(format!(
-                    "HMGET returned {} values",
-                    vals.len()
-                )));
-            }
-            let statuses = policy.quotas().iter().enumerate().map(|(i, q)| {
-                let state = match (vals[2 * i], vals[2 * i + 1]) {
-                    (Some(count), Some(reset_ms)) => {
-                        Some(State::FixedWindow(fixed_window::State { count, reset_ms }))
-                    }
-                    _ => None,
-                };
-                // A replica may hold a window whose reset has passed: the math discards it.
-                algorithm::peek(q, state.as_ref(), now)
-            });
-            Ok(Decision::from_statuses(statuses, 0))
+            let r: Vec<i64> = invoke(lanes, &inv, budget).await?;
+            reply::decode(&policy, None, sent_now, &r)
         })
     }
 }

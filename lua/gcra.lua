@@ -1,0 +1,51 @@
+-- GCRA: twin of src/algorithm/gcra.rs. Part of the charge, refund and status
+-- scripts (see lua/charge.lua for KEYS, ARGV and replies).
+--
+-- Quota arguments: a rate (see lua/rate.lua): q.a = unit, q.b = per_ms,
+-- q.c = capacity.
+-- Hash fields: the theoretical arrival time <prefix>t (whole Unix ms) plus
+-- <prefix>f / per_ms of a ms. A TAT in the past is a full bucket.
+-- Reply block: {tat, fraction} as stored ({now, 0} when absent).
+local gcra = {suffixes = {'t', 'f'}}
+
+local function gcra_backlog(q, tat, f, now)
+  if tat < now then return 0 end
+  return (tat - now) * q.b + math.min(f, q.b - 1)
+end
+
+function gcra.read(q, v, now)
+  local tat, f = tonumber(v[1]), tonumber(v[2])
+  if tat == nil or f == nil then
+    tat = now
+    f = 0
+  end
+  return {d = gcra_backlog(q, tat, f, now), reply = {tat, f}}
+end
+
+function gcra.fits(q, st, cost)
+  return rate_fits(q, st.d, cost)
+end
+
+-- Stores the TAT `after` fine units past `now`; returns when it is reached.
+local function gcra_set(q, now, after, set)
+  local f = math.fmod(after, q.b)
+  local tat = now + (after - f) / q.b
+  push(set, q.p .. 't', tat, q.p .. 'f', f)
+  return tat + (f > 0 and 1 or 0)
+end
+
+function gcra.write(q, st, cost, now, set)
+  return gcra_set(q, now, st.d + cost * q.a, set)
+end
+
+-- Only while the charge is the latest (the TAT is still the one it made):
+-- one timestamp cannot tell when later charges happened.
+function gcra.refund(q, v, id, now, cost, set)
+  local tat, f = tonumber(v[1]), tonumber(v[2])
+  if tat == nil or f == nil or tat + (f > 0 and 1 or 0) ~= id then return end
+  local d = gcra_backlog(q, tat, f, now)
+  local give = rate_refundable(q, d, cost)
+  if give > 0 then
+    gcra_set(q, now, d - give, set)
+  end
+end

@@ -1,0 +1,47 @@
+-- Token bucket: twin of src/algorithm/token_bucket.rs. Part of the charge,
+-- refund and status scripts (see lua/charge.lua for KEYS, ARGV and replies).
+--
+-- Quota arguments: a rate (see lua/rate.lua): q.a = unit, q.b = per_ms,
+-- q.c = capacity.
+-- Hash fields: <prefix>l = tokens held, in fine units; <prefix>t = the Unix ms
+-- that level was computed at. An absent bucket is full.
+-- Reply block: {level, at} as stored ({capacity, now} when absent).
+local token_bucket = {suffixes = {'l', 't'}}
+
+-- The effective time (never before the last update) and backlog at `now`.
+local function tb_backlog(q, l, t, now)
+  local at = math.max(now, t)
+  return at, q.c - math.min(q.c, l + (at - t) * q.b)
+end
+
+function token_bucket.read(q, v, now)
+  local l, t = tonumber(v[1]), tonumber(v[2])
+  if l == nil or t == nil then
+    l = q.c
+    t = now
+  end
+  local at, d = tb_backlog(q, l, t, now)
+  return {at = at, d = d, reply = {l, t}}
+end
+
+function token_bucket.fits(q, st, cost)
+  return rate_fits(q, st.d, cost)
+end
+
+function token_bucket.write(q, st, cost, now, set)
+  local after = st.d + cost * q.a
+  push(set, q.p .. 'l', q.c - after, q.p .. 't', st.at)
+  return st.at + ceil_div(after, q.b)
+end
+
+-- Gives back the part of the charge not refilled yet, only while that charge
+-- is the bucket's last change (it would still be full again at `id`).
+function token_bucket.refund(q, v, id, now, cost, set)
+  local l, t = tonumber(v[1]), tonumber(v[2])
+  if l == nil or t == nil or t + ceil_div(q.c - math.min(q.c, l), q.b) ~= id then return end
+  local at, d = tb_backlog(q, l, t, now)
+  local give = rate_refundable(q, d, cost)
+  if give > 0 then
+    push(set, q.p .. 'l', q.c - (d - give), q.p .. 't', at)
+  end
+end

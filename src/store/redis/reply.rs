@@ -1,0 +1,167 @@
+//! The scripts' arguments and replies: what each algorithm sends to
+//! `lua/charge.lua` and how the state it read is replayed through the same
+//! pure math the memory store runs, so both stores report identical statuses.
+
+use crate::algorithm::{
+    self, fixed_window, gcra, sliding_log, sliding_window, token_bucket, State,
+};
+use crate::decision::{Decision, QuotaStatus};
+use crate::error::StoreError;
+use crate::quota::{Algorithm, Policy, Quota};
+use deadpool_redis::redis::ScriptInvocation;
+use smallvec::SmallVec;
+
+/// Adds a quota's arguments (code, field prefix, a, b, c) to a script call.
+pub(super) fn quota_args(inv: &mut ScriptInvocation<'_>, q: &Quota) {
+    let (a, b, c) = match q.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            let r = algorithm::rate_of(q);
+            (r.unit, r.per_ms, r.capacity)
+        }
+        _ => (q.limit(), q.window_ms(), 0),
+    };
+    inv.arg(q.algorithm().code())
+        .arg(q.slot())
+        .arg(a)
+        .arg(b)
+        .arg(c);
+}
+
+/// The keys a call on `hash_key` touches: the hash, then one log per sliding-log quota.
+pub(super) fn keys(inv: &mut ScriptInvocation<'_>, hash_key: &str, policy: &Policy) {
+    inv.key(hash_key);
+    for q in policy.quotas() {
+        if q.algorithm() == Algorithm::SlidingLog {
+            inv.key(format!("{hash_key}:{}", q.slot()));
+        }
+    }
+}
+
+/// One quota's state as the script read it.
+enum Read {
+    State(State),
+    Log {
+        total: u64,
+        newest: Option<u64>,
+        head: SmallVec<[(u64, u64); 8]>,
+    },
+}
+
+/// Parses one quota's reply block; returns the state and the block's length.
+fn read_block(q: &Quota, r: &[u64]) -> Option<(Read, usize)> {
+    let at = |i: usize| r.get(i).copied();
+    Some(match q.algorithm() {
+        Algorithm::FixedWindow => (
+            Read::State(State::FixedWindow(fixed_window::State {
+                count: at(0)?,
+                reset_ms: at(1)?,
+            })),
+            2,
+        ),
+        Algorithm::TokenBucket => (
+            Read::State(State::TokenBucket(token_bucket::State {
+                level: at(0)?,
+                at_ms: at(1)?,
+            })),
+            2,
+        ),
+        Algorithm::Gcra => (
+            Read::State(State::Gcra(gcra::State {
+                tat_ms: at(0)?,
+                rem: at(1)?,
+            })),
+            2,
+        ),
+        Algorithm::SlidingWindow => (
+            Read::State(State::SlidingWindow(sliding_window::State {
+                start_ms: at(0)?,
+                cur: at(1)?,
+                prev: at(2)?,
+            })),
+            3,
+        ),
+        Algorithm::SlidingLog => {
+            let k = usize::try_from(at(2)?).ok()?;
+            let pairs = r.get(3..3 + 2 * k)?;
+            (
+                Read::Log {
+                    total: at(0)?,
+                    newest: Some(at(1)?).filter(|t| *t > 0),
+                    head: pairs.chunks(2).map(|p| (p[0], p[1])).collect(),
+                },
+                3 + 2 * k,
+            )
+        }
+    })
+}
+
+/// Replays `cost` (or a read without charging, `None`) on a reply's state.
+fn replay(q: &Quota, read: Read, now: u64, cost: Option<u64>) -> QuotaStatus {
+    match read {
+        Read::State(mut s) => match cost {
+            Some(cost) => algorithm::charge(q, Some(&mut s), now, cost).0,
+            None => algorithm::peek(q, Some(&s), now),
+        },
+        Read::Log {
+            total,
+            newest,
+            head,
+        } => {
+            let st = sliding_log::charge(
+                total,
+                newest,
+                head,
+                q.limit(),
+                q.window_ms(),
+                now,
+                cost.unwrap_or(0),
+            );
+            if cost.is_some() {
+                st
+            } else {
+                algorithm::as_peek(st)
+            }
+        }
+    }
+}
+
+/// Builds the decision from a charge or status script's reply
+/// `{allowed, now, block_1, .., block_n}`.
+pub(super) fn decode(
+    policy: &Policy,
+    cost: Option<u64>,
+    sent_now: Option<u64>,
+    reply: &[i64],
+) -> Result<Decision, StoreError> {
+    let bad = || StoreError::Protocol(format!("rate-limit script returned {reply:?}"));
+    if reply.len() < 2 || reply.iter().any(|v| *v < 0) {
+        return Err(bad());
+    }
+    let r: SmallVec<[u64; 16]> = reply.iter().map(|v| *v as u64).collect();
+    let now = r[1];
+    if sent_now.is_some_and(|t| t != now) {
+        // Every reply echoes the time it was sent with: a reply to another call
+        // (a desynchronised connection) is caught, never used.
+        return Err(StoreError::Protocol(format!(
+            "reply for time {now} does not belong to a call sent at {sent_now:?}"
+        )));
+    }
+    let mut statuses: SmallVec<[QuotaStatus; 2]> = SmallVec::new();
+    let mut i = 2;
+    for q in policy.quotas() {
+        let (read, len) = read_block(q, &r[i..]).ok_or_else(bad)?;
+        statuses.push(replay(q, read, now, cost));
+        i += len;
+    }
+    if i != r.len() {
+        return Err(bad());
+    }
+    let decision = Decision::from_statuses(statuses, cost.unwrap_or(0));
+    if cost.is_some() && decision.is_allowed() != (r[0] == 1) {
+        return Err(StoreError::Protocol(format!(
+            "charge script decided {} but the state it returned says otherwise: {reply:?}",
+            r[0]
+        )));
+    }
+    Ok(decision)
+}
