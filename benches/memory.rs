@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use tower::{Layer, Service};
 use tower_ratelimit::key::{Global, Key};
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Store};
-use tower_ratelimit::{HeaderStyle, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::{Algorithm, HeaderStyle, Policy, Quota, RateLimitLayer};
 
 const MANY_KEYS: u64 = 100_000;
 
@@ -55,10 +55,14 @@ struct Ours {
 
 impl Ours {
     fn new(max_keys: usize) -> Self {
+        Self::with(max_keys, big_quota())
+    }
+
+    fn with(max_keys: usize, quota: Quota) -> Self {
         Self {
             store: MemoryStore::builder().max_keys(max_keys).build(),
             ns: Namespace::new("bench"),
-            policy: Policy::new(big_quota()),
+            policy: Policy::new(quota),
         }
     }
 
@@ -102,6 +106,37 @@ fn store_benches(c: &mut Criterion) {
     g.bench_function("governor keyed", |b| {
         b.iter(|| black_box(gov.check_key(black_box(&key)).is_ok()))
     });
+    g.finish();
+
+    // Each algorithm on one hot key, time moving 1 ms every 1,000 decisions.
+    // The sliding log's limit is capped (MAX_SLIDING_LOG_LIMIT), so in steady
+    // state it mostly rejects; every other algorithm admits every decision.
+    let mut g = c.benchmark_group("store/algorithm, hot key");
+    g.throughput(Throughput::Elements(1));
+    for alg in [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        let limit = if alg == Algorithm::SlidingLog {
+            tower_ratelimit::quota::MAX_SLIDING_LOG_LIMIT
+        } else {
+            1 << 40
+        };
+        let quota = Quota::new(limit, Duration::from_secs(1))
+            .and_then(|q| q.with_algorithm(alg))
+            .expect("valid quota");
+        let ours = Ours::with(100_000, quota);
+        let mut i = 0u64;
+        g.bench_function(alg.code(), |b| {
+            b.iter(|| {
+                i += 1;
+                black_box(ours.charge(&key, now + i / 1000))
+            })
+        });
+    }
     g.finish();
 
     let mut g = c.benchmark_group("store/100k keys");
@@ -196,10 +231,11 @@ where
     assert!(svc.poll_ready(&mut cx).is_ready());
     let mut req = Request::new(());
     // tower_governor's default extractor and PeerIp read the peer address.
-    req.extensions_mut().insert(axum::extract::ConnectInfo(SocketAddr::new(
-        IpAddr::V4(Ipv4Addr::LOCALHOST),
-        4000,
-    )));
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            4000,
+        )));
     let fut = pin!(svc.call(req));
     matches!(fut.poll(&mut cx), Poll::Ready(Ok(_)))
 }
@@ -208,7 +244,9 @@ fn layer_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("layer/hot key");
     g.throughput(Throughput::Elements(1));
     let mut svc = Noop;
-    g.bench_function("no limiter", |b| b.iter(|| black_box(one_request(&mut svc))));
+    g.bench_function("no limiter", |b| {
+        b.iter(|| black_box(one_request(&mut svc)))
+    });
     for (name, style) in [
         ("memory, github headers", HeaderStyle::GitHub),
         ("memory, no headers", HeaderStyle::None),

@@ -73,7 +73,9 @@ impl Redis {
             .lines()
             .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
             .filter_map(|l| {
-                l.split(['=', ',']).nth(1).and_then(|v| v.parse::<u64>().ok())
+                l.split(['=', ','])
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
             })
             .sum();
         (field("used_cpu_user") + field("used_cpu_sys"), calls)
@@ -201,7 +203,15 @@ fn main() {
         let n = 100_000u64;
         let (cpu0, _) = redis.counters();
         let out = Command::new("redis-benchmark")
-            .args(["-p", &port, "-q", "-n", &n.to_string(), "-r", &KEYS.to_string()])
+            .args([
+                "-p",
+                &port,
+                "-q",
+                "-n",
+                &n.to_string(),
+                "-r",
+                &KEYS.to_string(),
+            ])
             .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
             .args(["EVALSHA", &sha, "1", "rb:{__rand_int__}", &now, "1", "1"])
             .args(["fw3600000", &limit, &window])

@@ -132,7 +132,10 @@ async fn serve(args: Args) {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .expect("bind");
-    println!("listening on {}", listener.local_addr().expect("local addr"));
+    println!(
+        "listening on {}",
+        listener.local_addr().expect("local addr")
+    );
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -2,7 +2,7 @@
 //! a fixed rate whatever the server's speed (wrk cannot), and prints one line:
 //!
 //! ```text
-//! sent=… ok=… rejected=… errors=… rate=… p50_us=… p99_us=… max_us=…
+//! sent=… ok=… rejected=… errors=… dropped=… rate=… p50_us=… p99_us=… max_us=…
 //! ```
 //!
 //! ```sh
@@ -18,6 +18,7 @@ use clap::Parser;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,10 @@ struct Args {
     /// Release interval in microseconds.
     #[arg(long, default_value_t = 200)]
     tick_us: u64,
+    /// Requests in flight at most; a request due while this many are
+    /// outstanding is not sent and counts as dropped (the server is overloaded).
+    #[arg(long, default_value_t = 2048)]
+    max_inflight: usize,
     /// Tokio worker threads.
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -48,6 +53,7 @@ struct Tally {
     latencies_us: Vec<u32>,
     ok: u64,
     rejected: u64,
+    dropped: u64,
     errors: u64,
 }
 
@@ -67,6 +73,7 @@ async fn run(args: Args) {
         .build_http();
     let uri: http::Uri = args.url.parse().expect("--url");
     let tally = Arc::new(Mutex::new(Tally::default()));
+    let inflight = Arc::new(AtomicUsize::new(0));
     let total = args.rate * (args.secs + args.warmup_secs);
     let warmup = args.rate * args.warmup_secs;
     let start = Instant::now();
@@ -79,6 +86,14 @@ async fn run(args: Args) {
         while sent < due {
             let measured = sent >= warmup;
             sent += 1;
+            if inflight.load(Ordering::Relaxed) >= args.max_inflight {
+                if measured {
+                    tally.lock().unwrap().dropped += 1;
+                }
+                continue;
+            }
+            inflight.fetch_add(1, Ordering::Relaxed);
+            let inflight = inflight.clone();
             let (client, uri, tally) = (client.clone(), uri.clone(), tally.clone());
             tokio::spawn(async move {
                 let t = Instant::now();
@@ -93,6 +108,7 @@ async fn run(args: Args) {
                     Err(e) => Err(e.to_string()),
                 };
                 let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                inflight.fetch_sub(1, Ordering::Relaxed);
                 if !measured {
                     return;
                 }
@@ -117,7 +133,7 @@ async fn run(args: Args) {
     loop {
         let done = {
             let t = tally.lock().unwrap();
-            t.ok + t.rejected + t.errors
+            t.ok + t.rejected + t.errors + t.dropped
         };
         if done >= sent_measured || Instant::now() > deadline {
             break;
@@ -135,11 +151,12 @@ async fn run(args: Args) {
         v[(((v.len() as f64) * p).ceil() as usize).clamp(1, v.len()) - 1]
     };
     println!(
-        "sent={} ok={} rejected={} errors={} rate={:.0} p50_us={} p99_us={} max_us={}",
+        "sent={} ok={} rejected={} errors={} dropped={} rate={:.0} p50_us={} p99_us={} max_us={}",
         sent_measured,
         t.ok,
         t.rejected,
         t.errors,
+        t.dropped,
         (t.ok + t.rejected) as f64 / elapsed,
         pct(0.50),
         pct(0.99),

@@ -94,7 +94,8 @@ start_server() { # variant [extra args...]
   exit 1
 }
 stop_server() {
-  kill "$SRV_PID" 2>/dev/null || true
+  # SIGKILL: an overloaded server must not keep draining into the next run.
+  kill -9 "$SRV_PID" 2>/dev/null || true
   wait "$SRV_PID" 2>/dev/null || true
 }
 
@@ -133,6 +134,7 @@ fixed() { # round variant rate
   local line
   line=$(taskset -c "$LOAD_CPU" "$BIN/loadgen" --url "http://$SRV_ADDR/" --rate "$rate" --secs "$FIXED_SECS")
   stop_server
+  sleep 1 # let Redis drain what a killed server left queued
   echo "fixed $r $v $rate $line" | tee -a "$RESULTS" >&2
 }
 
@@ -177,7 +179,8 @@ for line in open(path):
         sat.setdefault(f[2], []).append([float(x) for x in f[3:10]])
     elif f[0] == "fixed":
         kv = dict(x.split("=") for x in f[4:])
-        fix.setdefault(f[2], []).append((float(kv["p50_us"]), float(kv["p99_us"]), int(kv["errors"]), float(kv["rate"])))
+        fix.setdefault(f[2], []).append((float(kv["p50_us"]), float(kv["p99_us"]),
+            int(kv["errors"]) + int(kv["dropped"]), float(kv["rate"]), float(f[3])))
     elif f[0] == "hammer":
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
@@ -199,7 +202,10 @@ for v in order:
     fp50 = f"{med([x[0] for x in fx]) / 1000:.2f} ms" if fx else "-"
     fp99 = f"{med([x[1] for x in fx]) / 1000:.2f} ms" if fx else "-"
     added = "-"
-    if fx and bfix is not None and v != "none":
+    if fx and med([x[3] / x[4] for x in fx]) < 0.97:
+        # Could not keep up with the offered rate: its latencies are queueing, not the limiter's.
+        fp50, fp99, added = "overloaded", "overloaded", "-"
+    elif fx and bfix is not None and v != "none":
         added = f"{(med([x[1] for x in fx]) - bfix) / 1000:+.2f} ms"
     non2xx = sum(x[6] for x in s)
     note = f" ({int(non2xx)} non-2xx)" if non2xx else ""
@@ -208,7 +214,7 @@ for v in order:
           f"{med([x[4] for x in s]):.2f} | {med([x[5] for x in s]):.1f} | {fp50} | {fp99} | {added} |")
 if fix:
     rate = med([x[3] for xs in fix.values() for x in xs])
-    print(f"\nFixed-rate runs achieved {rate:,.0f} req/s (median); errors: "
+    print(f"\nFixed-rate runs offered {med([x[4] for xs in fix.values() for x in xs]):,.0f} req/s; errors or drops: "
           + ", ".join(f"{v} {sum(x[2] for x in fix[v])}" for v in order if v in fix) + ".")
 for label, reqs, non2xx, cmds in ham:
     print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
