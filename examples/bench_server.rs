@@ -122,7 +122,7 @@ async fn serve(args: Args) {
                 .expect("pool");
             let naive = Arc::new(Naive {
                 pool,
-                script: Script::new(include_str!("../lua/fixed_window.lua")),
+                script: Script::new(include_str!("../benches/fixed_window_standalone.lua")),
                 limit: args.limit,
                 window_ms: window.as_millis() as u64,
             });
