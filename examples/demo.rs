@@ -4,6 +4,12 @@
 //! ```text
 //! cargo run --example demo -- --limit 3 --window 10s --key ip --headers both
 //! cargo run --example demo -- --algorithm token-bucket --burst 20 --quota 10/1s --quota 1000/1h
+//! # State in Redis: one primary, several primaries (sharded), or a Redis Cluster.
+//! cargo run --example demo --features redis -- --store redis --redis-url redis://10.0.0.1
+//! cargo run --example demo --features redis -- --store redis \
+//!     --redis-url redis://10.0.0.1 --redis-url redis://10.0.0.2 --redis-url redis://10.0.0.3
+//! cargo run --example demo --features cluster -- --store redis \
+//!     --redis-cluster redis://10.0.0.1:7000,redis://10.0.0.2:7000
 //! ```
 //!
 //! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
@@ -20,8 +26,9 @@ use axum::{http::StatusCode, routing::get, Router};
 use clap::{Parser, ValueEnum};
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
-use tower_ratelimit::store::RedisStore;
+use tower_ratelimit::store::{RedisStore, ShardedStore, Store};
 use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, RateLimitLayer};
 
 #[derive(Parser, Debug)]
@@ -33,12 +40,17 @@ struct Args {
     /// Where limiter state lives; `none` runs without a limiter (a baseline).
     #[arg(long, value_enum, default_value_t = StoreKind::Memory)]
     store: StoreKind,
-    /// The Redis primary (with `--store redis`).
-    #[arg(long, default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
-    /// A Redis replica serving `GET /rate_limit` reads (repeatable).
+    /// The Redis primary (with `--store redis`; default `redis://127.0.0.1:6379`).
+    /// Repeat it to shard keys over several primaries.
+    #[arg(long)]
+    redis_url: Vec<String>,
+    /// A Redis replica serving `GET /rate_limit` reads (repeatable; with one `--redis-url`).
     #[arg(long)]
     replica_url: Vec<String>,
+    /// Seed nodes of a Redis Cluster, comma-separated (with `--store redis`; needs the
+    /// `cluster` feature): selects Cluster mode instead of `--redis-url`.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redis_url", "replica_url"])]
+    redis_cluster: Vec<String>,
     /// Requests allowed per window.
     #[arg(long, default_value_t = 10)]
     limit: u64,
@@ -155,6 +167,57 @@ async fn rate_limit(State(layer): State<RateLimitLayer>, req: Request) -> Respon
     }
 }
 
+/// One primary (with its replicas), several primaries as shards, or a cluster.
+fn redis_store(args: &Args) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>> {
+    if !args.redis_cluster.is_empty() {
+        return cluster_store(&args.redis_cluster);
+    }
+    match args.redis_url.as_slice() {
+        [] | [_] => {
+            let url = args
+                .redis_url
+                .first()
+                .map_or("redis://127.0.0.1:6379", |u| u);
+            let mut store = RedisStore::builder(url);
+            for r in &args.replica_url {
+                store = store.replica(r);
+            }
+            Ok(Arc::new(store.build()?))
+        }
+        urls => {
+            if !args.replica_url.is_empty() {
+                return Err(
+                    "--replica-url belongs to one primary: use it with a single --redis-url".into(),
+                );
+            }
+            Ok(Arc::new(ShardedStore::from_urls(urls.iter().cloned())?))
+        }
+    }
+}
+
+/// The one primary (default `redis://127.0.0.1:6379`) with its replicas.
+fn single_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    let url = args
+        .redis_url
+        .first()
+        .map_or("redis://127.0.0.1:6379", |u| u);
+    let mut store = RedisStore::builder(url);
+    for r in &args.replica_url {
+        store = store.replica(r);
+    }
+    Ok(store.build()?)
+}
+
+#[cfg(feature = "cluster")]
+fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>> {
+    Ok(Arc::new(RedisStore::cluster(urls.iter().cloned())?))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster_store(_: &[String]) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>> {
+    Err("--redis-cluster needs the demo built with the `cluster` feature".into())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -201,16 +264,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .shadow(args.shadow);
         if let StoreKind::Redis = args.store {
-            let mut store = RedisStore::builder(&args.redis_url);
-            for r in &args.replica_url {
-                store = store.replica(r);
-            }
-            let store = store.build()?;
             if let Mode::Coordinated = args.mode {
+                // The coordinated mode syncs its counts through one standalone Redis.
+                if args.redis_url.len() > 1 || !args.redis_cluster.is_empty() {
+                    return Err("--mode coordinated needs a single --redis-url".into());
+                }
+                let store = single_store(&args)?;
                 builder = builder
-                    .coordinated(Coordinated::new(store.clone()).sync_interval(args.sync_interval));
+                    .coordinated(Coordinated::new(store.clone()).sync_interval(args.sync_interval))
+                    .store(store);
+            } else {
+                builder = builder.store(redis_store(&args)?);
             }
-            builder = builder.store(store);
+        } else if !args.redis_url.is_empty() || !args.redis_cluster.is_empty() {
+            return Err("--redis-url and --redis-cluster need --store redis".into());
         } else if let Mode::Coordinated = args.mode {
             return Err("--mode coordinated needs --store redis".into());
         }

@@ -139,6 +139,10 @@ impl Breaker {
         false
     }
 
+    fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
     #[cfg(test)]
     fn state(&self, now: u64) -> BreakerState {
         match self.open_until.load(Ordering::Acquire) {
@@ -149,9 +153,51 @@ impl Breaker {
     }
 }
 
+/// Most breakers a layer keeps; stores with more failure domains share them.
+const MAX_DOMAINS: usize = 1024;
+
+/// One breaker per failure domain of the store (see
+/// [`Store::failure_domain`](crate::store::Store::failure_domain)): one for a
+/// single Redis, one per shard for a sharded store, so repeated failures of one
+/// dead shard open only that shard's breaker and the others keep calling.
+pub(crate) struct Breakers(Box<[Breaker]>);
+
+impl Breakers {
+    pub(crate) fn new(cfg: CircuitBreaker, domains: usize) -> Self {
+        Self(
+            (0..domains.clamp(1, MAX_DOMAINS))
+                .map(|_| Breaker::new(cfg))
+                .collect(),
+        )
+    }
+
+    /// The breaker of failure domain `domain`.
+    pub(crate) fn get(&self, domain: usize) -> &Breaker {
+        &self.0[domain % self.0.len()]
+    }
+
+    /// Whether any domain's breaker is open (the `ratelimit_breaker_state` gauge).
+    pub(crate) fn any_open(&self) -> bool {
+        self.0.iter().any(Breaker::is_open)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_failure_domain_has_its_own_breaker() {
+        let b = Breakers::new(CircuitBreaker::new().failures(2), 3);
+        assert!(!b.get(1).failure(0));
+        assert!(b.get(1).failure(1), "domain 1 opens");
+        assert!(b.any_open());
+        assert_eq!(b.get(1).admit(2), Admit::Reject);
+        assert_eq!(b.get(0).admit(2), Admit::Call, "domain 0 still calls");
+        assert_eq!(b.get(2).admit(2), Admit::Call, "domain 2 still calls");
+        assert_eq!(b.get(4).admit(2), Admit::Reject, "domains wrap around");
+        assert!(Breakers::new(CircuitBreaker::new(), 0).get(7).admit(0) == Admit::Call);
+    }
 
     #[test]
     fn opens_after_the_threshold_rejects_during_cooldown_and_lets_one_probe_through() {

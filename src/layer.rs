@@ -1,6 +1,6 @@
 //! [`RateLimitLayer`] and its builder.
 
-use crate::breaker::{Breaker, CircuitBreaker};
+use crate::breaker::{Breakers, CircuitBreaker};
 use crate::clock::{Clock, SystemClock};
 use crate::deny_cache::{Denials, DenyCache};
 use crate::error::ConfigError;
@@ -674,6 +674,12 @@ impl RateLimitLayerBuilder {
                     "the coordinated sync interval must be above zero",
                 ))
             }
+            Some(c) if c.store.is_cluster() => {
+                return Err(ConfigError::new(
+                    "the coordinated mode syncs many clients' keys in one pipeline, which a \
+                     Redis Cluster cannot route: give it a standalone Redis",
+                ))
+            }
             Some(c) => Some(Arc::new(crate::coordinated::Coordinator::new(
                 c,
                 namespace.clone(),
@@ -686,6 +692,7 @@ impl RateLimitLayerBuilder {
         } else {
             Denials::new(self.deny_cache)
         };
+        let breakers = Breakers::new(self.breaker, store.failure_domains());
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 namespace,
@@ -703,7 +710,7 @@ impl RateLimitLayerBuilder {
                 on_store_error: self.on_store_error,
                 store_timeout: self.store_timeout,
                 shadow: self.shadow,
-                breaker: Breaker::new(self.breaker),
+                breakers,
                 denials,
                 fallback,
                 log: LogThrottle::default(),

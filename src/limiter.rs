@@ -1,7 +1,7 @@
 //! The limiter every clone of a layer shares: configuration, store, clock,
 //! breaker, deny cache and metrics behind one `Arc`.
 
-use crate::breaker::{Admit, Breaker, BreakerState};
+use crate::breaker::{Admit, BreakerState, Breakers};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::deny_cache::Denials;
@@ -86,7 +86,7 @@ pub(crate) struct Limiter {
     pub(crate) on_store_error: OnStoreError,
     pub(crate) store_timeout: Duration,
     pub(crate) shadow: bool,
-    pub(crate) breaker: Breaker,
+    pub(crate) breakers: Breakers,
     pub(crate) denials: Option<Denials>,
     /// The in-process store used by [`OnStoreError::Local`].
     pub(crate) fallback: Option<MemoryStore>,
@@ -118,6 +118,8 @@ pub(crate) struct Pending {
     pub(crate) cost: u64,
     pub(crate) now_ms: u64,
     pub(crate) source: Source,
+    /// The store's failure domain for the key (which breaker the answer counts for).
+    pub(crate) domain: usize,
     /// The request is a gRPC call: answer with gRPC statuses.
     pub(crate) grpc: bool,
 }
@@ -184,12 +186,13 @@ impl Limiter {
         now_ms: u64,
         grpc: bool,
     ) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
-        let pending = |source| Pending {
+        let pending = |source, domain| Pending {
             key,
             policy: policy.clone(),
             cost,
             now_ms,
             source,
+            domain,
             grpc,
         };
         #[cfg(feature = "redis")]
@@ -197,7 +200,7 @@ impl Limiter {
             let decision = c.decide(&key, &policy, cost, now_ms);
             return (
                 StoreFuture::ready(Ok(decision)),
-                pending(Source::Coordinated),
+                pending(Source::Coordinated, 0),
             );
         }
         if let Some(denials) = &self.denials {
@@ -208,12 +211,14 @@ impl Limiter {
                     cost,
                     now_ms,
                     source: Source::DenyCache,
+                    domain: 0,
                     grpc,
                 };
                 return (StoreFuture::ready(Ok(decision)), p);
             }
         }
-        match self.breaker.admit(now_ms) {
+        let domain = self.store.failure_domain(&self.namespace, &key);
+        match self.breakers.get(domain).admit(now_ms) {
             Admit::Call => {}
             Admit::Probe => self
                 .metrics()
@@ -222,7 +227,7 @@ impl Limiter {
             Admit::Reject => {
                 return (
                     StoreFuture::ready(Err(StoreError::CircuitOpen)),
-                    pending(Source::Breaker),
+                    pending(Source::Breaker, domain),
                 )
             }
         }
@@ -234,7 +239,7 @@ impl Limiter {
             }
             None => Some(Instant::now()),
         };
-        (fut, pending(Source::Store { started }))
+        (fut, pending(Source::Store { started }, domain))
     }
 
     /// Turns a store answer into what happens next; the rejection is built from
@@ -247,20 +252,24 @@ impl Limiter {
             }
             match &result {
                 Ok(_) => {
-                    if self.breaker.success() {
-                        m.breaker_state.set(BreakerState::Closed as u8 as f64);
+                    if self.breakers.get(p.domain).success() {
+                        if !self.breakers.any_open() {
+                            m.breaker_state.set(BreakerState::Closed as u8 as f64);
+                        }
                         tracing::info!(
                             limiter = self.namespace.name(),
+                            domain = p.domain,
                             "rate limit store answers again; circuit closed"
                         );
                     }
                 }
                 Err(StoreError::Full { .. }) => {}
                 Err(_) => {
-                    if self.breaker.failure(p.now_ms) {
+                    if self.breakers.get(p.domain).failure(p.now_ms) {
                         m.breaker_state.set(BreakerState::Open as u8 as f64);
                         tracing::warn!(
                             limiter = self.namespace.name(),
+                            domain = p.domain,
                             "rate limit store keeps failing; circuit opened"
                         );
                     }

@@ -11,7 +11,7 @@
 //! | `ratelimit_store_duration_seconds` | histogram | `op` = `charge`, `refund` | store call latency (network stores) |
 //! | `ratelimit_store_errors_total` | counter | `kind` (see [`StoreError::kind`](crate::StoreError::kind)) | store failures |
 //! | `ratelimit_store_failure_decisions_total` | counter | `action` = `open`, `closed`, `local` | requests decided by the failure policy |
-//! | `ratelimit_breaker_state` | gauge | | 0 closed, 1 open, 2 half-open |
+//! | `ratelimit_breaker_state` | gauge | | 0 closed, 1 open (for any failure domain, e.g. one shard), 2 half-open |
 //! | `ratelimit_refunds_total` | counter | `result` = `ok`, `failed` | refunds of free responses |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};

@@ -1,4 +1,5 @@
 //! Coordinated mode: four layers sharing one real Redis, time moved by hand.
+#![cfg(feature = "redis")]
 
 #[path = "support/example.rs"]
 mod example;

@@ -1,4 +1,5 @@
 //! gRPC: real tonic clients against real tonic (and axum + tonic) servers on 127.0.0.1.
+#![cfg(all(feature = "redis", feature = "grpc"))]
 
 #[path = "support/example.rs"]
 mod example;

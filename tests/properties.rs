@@ -2,6 +2,7 @@
 //! algorithms never admit more than their definition allows over any
 //! interval — through the memory store (many cases) and a real Redis (fewer
 //! cases, one server per test) — and both stores answer identically.
+#![cfg(feature = "redis")]
 
 #[path = "support/redis.rs"]
 mod redis_support;

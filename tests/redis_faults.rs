@@ -2,6 +2,7 @@
 //! frozen (SIGSTOP), killed and restarted, refusing connections, and answering
 //! errors (OOM, BUSY, READONLY, paused writes); plus the breaker, deny cache,
 //! shadow mode and an evicting Redis.
+#![cfg(feature = "redis")]
 
 #[path = "support/http.rs"]
 mod http_support;

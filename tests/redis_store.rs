@@ -1,4 +1,5 @@
 //! The Redis store against real `redis-server` processes started by the tests.
+#![cfg(feature = "redis")]
 
 #[path = "support/http.rs"]
 mod http_support;

@@ -2,6 +2,7 @@
 //! sliding log), charged all or nothing in one store call: when the hourly
 //! quota rejects, the per-second quota is left exactly as it was — through
 //! the memory store and a real Redis, in one Redis command per request.
+#![cfg(feature = "redis")]
 
 #[path = "support/redis.rs"]
 mod redis_support;

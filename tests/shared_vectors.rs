@@ -1,4 +1,5 @@
 //! The shared decision table, through the memory store and a real Redis.
+#![cfg(feature = "redis")]
 
 #[path = "support/redis.rs"]
 mod redis_support;

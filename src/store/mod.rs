@@ -1,5 +1,7 @@
 //! Where limiter state lives: the [`Store`] seam, with [`MemoryStore`] (embedded,
-//! per process) and, with the `redis` feature, `RedisStore` (shared by the fleet).
+//! per process), with the `redis` feature `RedisStore` (shared by the fleet; a
+//! Redis Cluster with the `cluster` feature), and [`ShardedStore`] (keys spread
+//! over several stores, e.g. Redis primaries).
 //!
 //! ```
 //! use tower_ratelimit::store::MemoryStore;
@@ -11,10 +13,12 @@
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+mod sharded;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{EvictionCheck, RedisStore, RedisStoreBuilder, TimeSource};
 pub use memory::{MemoryStore, MemoryStoreBuilder, Overflow};
+pub use sharded::{ShardedStore, ShardedStoreBuilder};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -159,6 +163,21 @@ pub trait Store: Send + Sync + 'static {
     fn is_local(&self) -> bool {
         false
     }
+
+    /// The failure domain `key` belongs to, in `0..failure_domains()`: keys in
+    /// different domains fail independently (e.g. the shards of a
+    /// [`ShardedStore`]), so the layer keeps one circuit breaker per domain and
+    /// a dead shard opens only its own. Defaults to `0`.
+    fn failure_domain(&self, namespace: &Namespace, key: &Key) -> usize {
+        let _ = (namespace, key);
+        0
+    }
+
+    /// How many failure domains the store has (at least 1). Defaults to `1`:
+    /// the whole store fails together.
+    fn failure_domains(&self) -> usize {
+        1
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -173,5 +192,11 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn is_local(&self) -> bool {
         (**self).is_local()
+    }
+    fn failure_domain(&self, namespace: &Namespace, key: &Key) -> usize {
+        (**self).failure_domain(namespace, key)
+    }
+    fn failure_domains(&self) -> usize {
+        (**self).failure_domains()
     }
 }

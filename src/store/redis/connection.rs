@@ -1,4 +1,7 @@
-//! Shared multiplexed connections ("lanes") taken from a deadpool pool.
+//! Where a Redis store's commands go: [`Connections`], either a few shared
+//! multiplexed connections ("lanes") to one server, or (with the `cluster`
+//! feature) one Redis Cluster connection. Scripts, replies and errors are the
+//! same for both; only how a call reaches its node differs.
 //!
 //! Checking a connection out of `deadpool_redis` per request costs a recycle
 //! round trip (`UNWATCH` + `PING`). Instead each lane keeps one
@@ -9,16 +12,124 @@
 //! broken or demoted (`READONLY`) connection is never reused.
 
 use crate::error::StoreError;
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{self, RedisError};
+use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::{
+    self, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, ScriptInvocation,
+    Value,
+};
 use deadpool_redis::{Connection, Pool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Checks a freshly made connection before it serves traffic.
-pub(crate) type Vet = dyn Fn(MultiplexedConnection) -> crate::limiter::BoxFuture<Result<(), StoreError>>
-    + Send
-    + Sync;
+pub(crate) type Vet =
+    dyn Fn(AnyConnection) -> crate::limiter::BoxFuture<Result<(), StoreError>> + Send + Sync;
+
+/// The connections of one role (a primary, a replica, or a whole cluster).
+pub(crate) enum Connections {
+    /// Long-lived multiplexed connections to one standalone server.
+    Lanes(Lanes),
+    /// One shared connection to a Redis Cluster, which routes each call to
+    /// the node serving its key's hash slot.
+    #[cfg(feature = "cluster")]
+    Cluster(Box<super::cluster::ClusterLane>),
+}
+
+/// One call: a script (sent as `EVALSHA`, reloaded after `NOSCRIPT`) or a plain command.
+#[derive(Clone, Copy)]
+pub(crate) enum Call<'a> {
+    Script(&'a ScriptInvocation<'a>),
+    Command(&'a Cmd),
+}
+
+impl Call<'_> {
+    /// Sends the call once on `conn`. `invoke_async` re-sends only after
+    /// `NOSCRIPT`, when nothing ran; any other error is returned, never retried.
+    pub(crate) async fn send<T: FromRedisValue>(
+        self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> RedisResult<T> {
+        match self {
+            Call::Script(inv) => inv.invoke_async(conn).await,
+            Call::Command(cmd) => cmd.query_async(conn).await,
+        }
+    }
+}
+
+impl Connections {
+    /// Runs `call` on these connections (no time limit: the caller bounds it).
+    pub(crate) async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
+        match self {
+            Connections::Lanes(lanes) => {
+                let (i, mut conn) = lanes.get().await?;
+                call.send(&mut conn).await.map_err(|e| {
+                    if breaks_connection(&e) {
+                        lanes.discard(i);
+                    }
+                    redis_error(e)
+                })
+            }
+            #[cfg(feature = "cluster")]
+            Connections::Cluster(cluster) => cluster.run(call).await,
+        }
+    }
+
+    /// Sends `pipe` in one round trip within `budget` (the coordinated mode's
+    /// sync). A pipeline over many clients' keys spans many hash slots, which a
+    /// cluster cannot route: the layer refuses that combination when it is built.
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        budget: std::time::Duration,
+    ) -> Result<Vec<redis::Value>, StoreError> {
+        match self {
+            Connections::Lanes(lanes) => lanes.query_pipeline(pipe, budget).await,
+            #[cfg(feature = "cluster")]
+            Connections::Cluster(_) => Err(StoreError::Unavailable(
+                "the coordinated mode cannot sync through a Redis Cluster".into(),
+            )),
+        }
+    }
+}
+
+/// A connection of either kind.
+#[derive(Clone)]
+pub(crate) enum AnyConnection {
+    Standalone(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(deadpool_redis::cluster::ClusterConnection),
+}
+
+impl ConnectionLike for AnyConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            AnyConnection::Standalone(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            AnyConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            AnyConnection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            AnyConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AnyConnection::Standalone(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            AnyConnection::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 pub(crate) struct Lanes {
     pool: Pool,
@@ -51,7 +162,7 @@ impl Lanes {
         // Out of the pool for good: the lane owns it and drops it when it breaks.
         let conn = Connection::take(conn);
         if let Some(vet) = &self.vet {
-            vet(conn.clone()).await?;
+            vet(AnyConnection::Standalone(conn.clone())).await?;
         }
         *self.lanes[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
         Ok((i, conn))

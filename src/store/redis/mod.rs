@@ -21,18 +21,28 @@
 //! runs. A refund is one more script call, run in the background. All of a
 //! client's state is one hash under one key (plus, for a sliding-log quota,
 //! a sorted set sharing its hash tag), so every call touches one hash slot.
+//!
+//! With the `cluster` feature, [`RedisStore::cluster`] runs the same scripts on
+//! a Redis Cluster: each call goes to the node serving its key's slot, follows
+//! `MOVED`/`ASK` and keeps working after a failover, and is never sent twice
+//! after an error that may have let it run (see [`RedisStore::cluster_builder`]).
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod connection;
 mod keys;
 mod reply;
 mod scripts;
 
-use self::connection::{breaks_connection, redis_error, Lanes, Vet};
+use self::connection::{redis_error, AnyConnection, Call, Connections, Lanes, Vet};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::store::{Charge, Refund, Store, StoreFuture};
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{self, AsyncConnectionConfig, FromRedisValue, ScriptInvocation};
+use deadpool_redis::redis::aio::ConnectionLike;
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo,
+    ScriptInvocation,
+};
 use deadpool_redis::{Manager, Pool, Runtime};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,11 +81,15 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    primary: Lanes,
-    replicas: Vec<Lanes>,
+    /// The primary's connections, or the cluster's.
+    primary: Connections,
+    replicas: Vec<Connections>,
     next_replica: AtomicUsize,
     prefix: String,
     time: TimeSource,
+    /// `host:port/db` of the primary (of the first seed node for a cluster).
+    name: String,
+    cluster: bool,
 }
 
 /// Configures a [`RedisStore`]. Nothing connects until the first request, so a
@@ -84,6 +98,8 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
     url: String,
+    /// Seed nodes of a Redis Cluster (cluster mode), else `None`.
+    cluster: Option<Vec<String>>,
     replicas: Vec<String>,
     prefix: String,
     connections: usize,
@@ -213,12 +229,24 @@ impl RedisStoreBuilder {
                 return Err(ConfigError::new("redis timeouts must be above zero"));
             }
         }
+        if self.cluster.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ConfigError::new(
+                "a Redis Cluster needs at least one seed node url",
+            ));
+        }
         let vet = vet(self.eviction);
-        let primary = Lanes::new(self.pool(&self.url)?, self.connections, Some(vet));
+        let primary = match &self.cluster {
+            None => Connections::Lanes(Lanes::new(
+                self.pool(&self.url)?,
+                self.connections,
+                Some(vet),
+            )),
+            Some(urls) => self.cluster_connections(urls, vet)?,
+        };
         let replicas = self
             .replicas
             .iter()
-            .map(|u| Ok(Lanes::new(self.pool(u)?, 1, None)))
+            .map(|u| Ok(Connections::Lanes(Lanes::new(self.pool(u)?, 1, None))))
             .collect::<Result<_, ConfigError>>()?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -227,8 +255,34 @@ impl RedisStoreBuilder {
                 next_replica: AtomicUsize::new(0),
                 prefix: self.prefix,
                 time: self.time,
+                name: node_name(&self.url)?,
+                cluster: self.cluster.is_some(),
             }),
         })
+    }
+
+    #[cfg(feature = "cluster")]
+    fn cluster_connections(
+        &self,
+        urls: &[String],
+        vet: Arc<Vet>,
+    ) -> Result<Connections, ConfigError> {
+        if !self.replicas.is_empty() {
+            return Err(ConfigError::new(
+                "a Redis Cluster finds its replicas itself: `replica` is for a standalone primary",
+            ));
+        }
+        Ok(Connections::Cluster(Box::new(cluster::ClusterLane::new(
+            urls,
+            self.connect_timeout,
+            self.response_timeout,
+            Some(vet),
+        )?)))
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    fn cluster_connections(&self, _: &[String], _: Arc<Vet>) -> Result<Connections, ConfigError> {
+        unreachable!("cluster mode is only configurable with the `cluster` feature")
     }
 
     fn pool(&self, url: &str) -> Result<Pool, ConfigError> {
@@ -248,9 +302,24 @@ impl RedisStoreBuilder {
     }
 }
 
+/// A node's identity, `host:port/db`, without scheme or credentials.
+fn node_name(url: &str) -> Result<String, ConfigError> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| ConfigError::new(format!("invalid redis url {url:?}: {e}")))?;
+    let db = info.redis_settings().db();
+    Ok(match info.addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}/{db}")
+        }
+        ConnectionAddr::Unix(path) => format!("unix:{}/{db}", path.display()),
+        other => format!("{other}/{db}"),
+    })
+}
+
 /// Checks `maxmemory-policy` on every new primary connection.
 fn vet(check: EvictionCheck) -> Arc<Vet> {
-    Arc::new(move |mut conn: MultiplexedConnection| {
+    Arc::new(move |mut conn: AnyConnection| {
         Box::pin(async move {
             let policy = match eviction_policy(&mut conn).await {
                 Ok(p) => p,
@@ -282,13 +351,21 @@ fn vet(check: EvictionCheck) -> Arc<Vet> {
     })
 }
 
-async fn eviction_policy(conn: &mut MultiplexedConnection) -> Result<String, StoreError> {
-    let v: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
+fn eviction_policy_cmd() -> redis::Cmd {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    cmd
+}
+
+async fn eviction_policy(conn: &mut (impl ConnectionLike + Send)) -> Result<String, StoreError> {
+    let v: Vec<String> = eviction_policy_cmd()
         .query_async(conn)
         .await
         .map_err(redis_error)?;
+    policy_from_reply(&v)
+}
+
+fn policy_from_reply(v: &[String]) -> Result<String, StoreError> {
     v.get(1)
         .cloned()
         .ok_or_else(|| StoreError::Protocol("CONFIG GET maxmemory-policy returned nothing".into()))
@@ -304,6 +381,7 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
+            cluster: None,
             replicas: Vec::new(),
             prefix: "trl:".into(),
             connections: 2,
@@ -315,18 +393,92 @@ impl RedisStore {
         }
     }
 
+    /// A store for the Redis Cluster reachable at any of `urls` (seed nodes;
+    /// the others are discovered), with default settings (no connection yet).
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]).unwrap();
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I>(urls: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        Self::cluster_builder(urls).build()
+    }
+
+    /// Configures a store for the Redis Cluster reachable at any of `urls`.
+    ///
+    /// Every script touches one key, so one hash slot (several quotas share
+    /// one hash under the client's key): no `CROSSSLOT`. Calls go to the node
+    /// serving the key's slot over one shared cluster connection, which keeps
+    /// a multiplexed connection to each node. A call is re-sent only after an
+    /// answer proving it did not run (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`,
+    /// `LOADING`, a refused connection), never after an I/O error or a
+    /// timeout, so a request is never charged twice: the cluster client's own
+    /// retries are turned off. After a failover the first call meets `MOVED`,
+    /// goes to the promoted replica (loading the scripts there: `SCRIPT LOAD`
+    /// is not replicated) and the client refreshes its slot map.
+    ///
+    /// [`replica`](RedisStoreBuilder::replica) is refused (the cluster knows
+    /// its replicas) and [`connections`](RedisStoreBuilder::connections) is
+    /// ignored; the timeouts apply to each node's connection.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::cluster_builder(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .response_timeout(Duration::from_millis(200))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn cluster_builder<I>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
+        let mut b = Self::builder(urls.first().cloned().unwrap_or_default());
+        b.cluster = Some(urls);
+        b
+    }
+
     /// Connects now and returns the primary's `maxmemory-policy` (for start-up
     /// checks and health endpoints). Not needed: the store connects lazily.
+    /// In a cluster, one node answers.
     pub async fn eviction_policy(&self) -> Result<String, StoreError> {
-        let (i, mut conn) = self.inner.primary.get().await?;
-        eviction_policy(&mut conn)
-            .await
-            .inspect_err(|_| self.inner.primary.discard(i))
+        let v: Vec<String> = self
+            .inner
+            .primary
+            .run(Call::Command(&eviction_policy_cmd()))
+            .await?;
+        policy_from_reply(&v)
+    }
+
+    /// The store's identity as a shard of a [`ShardedStore`](crate::store::ShardedStore):
+    /// its primary's `host:port/db` (the first seed node's for a cluster),
+    /// never its credentials.
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::new("redis://user:secret@10.0.0.1:6380/2").unwrap();
+    /// assert_eq!(store.shard_name(), "10.0.0.1:6380/2");
+    /// ```
+    pub fn shard_name(&self) -> &str {
+        &self.inner.name
     }
 
     /// The primary's connections (for the coordinated mode's sync).
-    pub(crate) fn primary(&self) -> &Lanes {
+    pub(crate) fn primary(&self) -> &Connections {
         &self.inner.primary
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.inner.cluster
     }
 
     /// The Redis key holding `key`'s state for the limiter `namespace`.
@@ -344,21 +496,18 @@ impl RedisStore {
 
 /// Runs one script call on `lanes` within `budget`.
 async fn invoke<T: FromRedisValue>(
-    lanes: &Lanes,
+    lanes: &Connections,
     inv: &ScriptInvocation<'static>,
     budget: Duration,
 ) -> Result<T, StoreError> {
-    let call = async {
-        let (i, mut conn) = lanes.get().await?;
-        // `invoke_async` re-sends only after NOSCRIPT, when nothing ran; an
-        // error after the script may have run is returned, never retried.
-        inv.invoke_async(&mut conn).await.map_err(|e| {
-            if breaks_connection(&e) {
-                lanes.discard(i);
-            }
-            redis_error(e)
-        })
-    };
+    within(budget, lanes.run(Call::Script(inv))).await
+}
+
+/// Bounds a whole call (connection, re-sends, reply) by `budget`.
+async fn within<T>(
+    budget: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
     match tokio::time::timeout(budget, call).await {
         Ok(r) => r,
         Err(_) => Err(StoreError::Timeout(budget)),
@@ -439,6 +588,8 @@ impl Store for RedisStore {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
+            .field("name", &self.inner.name)
+            .field("cluster", &self.inner.cluster)
             .field("prefix", &self.inner.prefix)
             .field("replicas", &self.inner.replicas.len())
             .field("time", &self.inner.time)
