@@ -59,7 +59,6 @@ where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
 {
     pub(crate) fn start(service: &mut S, limiter: &Arc<Limiter>, req: Request<B>) -> Self {
-        let (parts, body) = req.into_parts();
         let mut this = ResponseFuture {
             state: State::Answered { res: None },
             waiting: None,
@@ -67,12 +66,20 @@ where
             pending: None,
             limiter: limiter.clone(),
         };
+        // Built in place: every step below writes into `this` through `&mut`,
+        // so the (large) future is never moved between steps.
+        this.begin(service, limiter, req);
+        this
+    }
+
+    fn begin(&mut self, service: &mut S, limiter: &Limiter, req: Request<B>) {
+        let (parts, body) = req.into_parts();
         let key = match &limiter.key {
             KeySource::Sync(k) => k.extract(&parts),
             KeySource::Async(f) => {
                 let fut = f(&parts);
-                let policy = resolve_later(limiter, &parts);
-                this.state = State::Resolving {
+                let policy = resolve_later(&self.limiter, &parts);
+                self.state = State::Resolving {
                     fut: Box::pin(async move {
                         match fut.await? {
                             Some(key) => Ok(Some((key, policy(key).await?))),
@@ -80,40 +87,45 @@ where
                         }
                     }),
                 };
-                this.wait(service, parts, body);
-                return this;
+                return self.wait(service, parts, body);
             }
         };
         let key = match key {
             Ok(Some(key)) => key,
             Ok(None) => {
                 limiter.exempt();
-                return this.forward_now(service, parts, body);
+                return self.forward_now(service, parts, body);
             }
             Err(e) => {
                 let res = limiter.key_error(&e, crate::grpc::is_grpc(&parts));
-                return this.answer(res);
+                return self.answer(res);
             }
         };
         match &limiter.policy {
-            PolicySource::Static(p) => this.charge(service, parts, body, key, p.clone()),
+            PolicySource::Static(p) => self.charge(service, limiter, parts, body, key, p.clone()),
             PolicySource::Sync(f) => {
                 let p = f(&parts, &key);
-                this.charge(service, parts, body, key, p)
+                self.charge(service, limiter, parts, body, key, p)
             }
             PolicySource::Async(f) => {
                 let fut = f(&parts, key);
-                this.state = State::Resolving {
+                self.state = State::Resolving {
                     fut: Box::pin(async move { Ok(Some((key, fut.await?))) }),
                 };
-                this.wait(service, parts, body);
-                this
+                self.wait(service, parts, body)
             }
         }
     }
 
-    fn charge(mut self, service: &mut S, parts: Parts, body: B, key: Key, policy: Policy) -> Self {
-        let limiter = self.limiter.clone();
+    fn charge(
+        &mut self,
+        service: &mut S,
+        limiter: &Limiter,
+        parts: Parts,
+        body: B,
+        key: Key,
+        policy: Policy,
+    ) {
         let cost = limiter.cost(&parts);
         let now = limiter.clock.now_ms();
         let (mut fut, pending) =
@@ -130,8 +142,7 @@ where
             None => {
                 self.pending = Some(pending);
                 self.state = State::Charging { fut };
-                self.wait(service, parts, body);
-                self
+                self.wait(service, parts, body)
             }
         }
     }
@@ -148,16 +159,14 @@ where
         });
     }
 
-    fn forward_now(mut self, service: &mut S, parts: Parts, body: B) -> Self {
+    fn forward_now(&mut self, service: &mut S, parts: Parts, body: B) {
         self.state = State::Inner {
             fut: service.call(Request::from_parts(parts, body)),
         };
-        self
     }
 
-    fn answer(mut self, res: Response<Bytes>) -> Self {
+    fn answer(&mut self, res: Response<Bytes>) {
         self.state = State::Answered { res: Some(res) };
-        self
     }
 }
 

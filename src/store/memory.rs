@@ -233,25 +233,25 @@ impl MemoryStore {
         let quotas = call.policy.quotas();
 
         let mut next: SmallVec<[Next; 2]> = SmallVec::new();
-        let decision = {
-            let mut entry = shard.map.get_mut(&mk);
-            Decision::from_statuses(
-                quotas.iter().map(|q| {
-                    let state = entry
-                        .as_deref_mut()
-                        .and_then(|e| e.get_mut(slot_of(q)))
-                        .map(|s| &mut s.state);
-                    let (status, n) = algorithm::charge(q, state, now, call.cost);
-                    next.push(n);
-                    status
-                }),
-                call.cost,
-            )
-        };
+        // One lookup serves the decision and the commit (an existing key is
+        // hashed and probed once per charge, not twice).
+        let mut entry = shard.map.get_mut(&mk);
+        let decision = Decision::from_statuses(
+            quotas.iter().map(|q| {
+                let state = entry
+                    .as_deref_mut()
+                    .and_then(|e| e.get_mut(slot_of(q)))
+                    .map(|s| &mut s.state);
+                let (status, n) = algorithm::charge(q, state, now, call.cost);
+                next.push(n);
+                status
+            }),
+            call.cost,
+        );
         if !decision.is_allowed() {
             return Ok(decision);
         }
-        if let Some(entry) = shard.map.get_mut(&mk) {
+        if let Some(entry) = entry {
             entry.slots.retain(|s| s.expires_at > now);
             for (q, n) in quotas.iter().zip(next) {
                 entry.commit(q, n, now, call.cost);

@@ -1,0 +1,195 @@
+//! The axum hello world behind each limiter `scripts/bench.sh` compares.
+//!
+//! ```sh
+//! cargo run --release --features redis --example bench_server -- --variant memory --workers 1
+//! ```
+//!
+//! Variants: `none` (no limiter), `governor` (tower_governor, in-memory, per
+//! peer IP), `memory` and `redis` (this crate, per peer IP), `naive` (the
+//! hand-written baseline: an axum `from_fn` middleware that checks a
+//! connection out of a deadpool pool and sends one `EVALSHA` of
+//! `lua/fixed_window.lua` per request). The quota is `--limit` per `--window`
+//! (default: high enough that nothing is rejected). Prints exactly one line,
+//! `listening on ADDR`, once it accepts connections.
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use clap::{Parser, ValueEnum};
+use deadpool_redis::redis::Script;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_ratelimit::key::PeerIp;
+use tower_ratelimit::store::RedisStore;
+use tower_ratelimit::{DenyCache, Quota, RateLimitLayer};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Variant {
+    None,
+    Governor,
+    Memory,
+    Redis,
+    Naive,
+}
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Which limiter guards `GET /`.
+    #[arg(long, value_enum, default_value = "none")]
+    variant: Variant,
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Redis for the `redis` and `naive` variants.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Multiplexed connections of the `redis` variant; pool size of `naive`.
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    /// Requests per window per client.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    limit: u64,
+    /// Window length in seconds.
+    #[arg(long, default_value_t = 60)]
+    window_secs: u64,
+    /// Turn the `redis` variant's deny cache off.
+    #[arg(long)]
+    no_deny_cache: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.workers {
+        rt.worker_threads(n.max(1));
+    }
+    rt.enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(serve(args));
+}
+
+async fn serve(args: Args) {
+    let app = Router::new().route("/", get(|| async { "Hello, World!" }));
+    let window = Duration::from_secs(args.window_secs);
+    let quota = Quota::new(args.limit, window).expect("valid --limit and --window-secs");
+    let app = match args.variant {
+        Variant::None => app,
+        Variant::Governor => {
+            let per_ns = (window.as_nanos() / u128::from(args.limit)).max(1) as u64;
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(per_ns)
+                .burst_size(args.limit.min(u64::from(u32::MAX)) as u32)
+                .finish()
+                .expect("governor config");
+            app.layer(tower_governor::GovernorLayer::new(config))
+        }
+        Variant::Memory => app.layer(
+            RateLimitLayer::builder()
+                .quota(quota)
+                .key(PeerIp::new())
+                .build()
+                .expect("layer"),
+        ),
+        Variant::Redis => {
+            let store = RedisStore::builder(&args.redis_url)
+                .connections(args.connections)
+                .build()
+                .expect("redis store");
+            let mut b = RateLimitLayer::builder()
+                .quota(quota)
+                .key(PeerIp::new())
+                .store(store);
+            if args.no_deny_cache {
+                b = b.deny_cache(DenyCache::disabled());
+            }
+            app.layer(b.build().expect("layer"))
+        }
+        Variant::Naive => {
+            let cfg = deadpool_redis::Config::from_url(&args.redis_url);
+            let pool = cfg
+                .builder()
+                .expect("pool config")
+                .max_size(args.connections.max(1) * 8)
+                .runtime(deadpool_redis::Runtime::Tokio1)
+                .build()
+                .expect("pool");
+            let naive = Arc::new(Naive {
+                pool,
+                script: Script::new(include_str!("../benches/fixed_window_standalone.lua")),
+                limit: args.limit,
+                window_ms: window.as_millis() as u64,
+            });
+            app.layer(middleware::from_fn_with_state(naive, naive_limit))
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .expect("bind");
+    println!(
+        "listening on {}",
+        listener.local_addr().expect("local addr")
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+    .await
+    .expect("serve");
+}
+
+/// The hand-written baseline: what a team writes in an afternoon.
+struct Naive {
+    pool: deadpool_redis::Pool,
+    script: Script,
+    limit: u64,
+    window_ms: u64,
+}
+
+async fn naive_limit(
+    State(n): State<Arc<Naive>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64;
+    let reply: Result<Vec<i64>, String> = async {
+        let mut conn = n.pool.get().await.map_err(|e| e.to_string())?;
+        n.script
+            .key(format!("naive:{{{}}}", peer.ip()))
+            .arg(now)
+            .arg(1)
+            .arg(1)
+            .arg("fw")
+            .arg(n.limit)
+            .arg(n.window_ms)
+            .invoke_async(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    match reply {
+        Ok(r) if r.first() == Some(&0) => {
+            (http::StatusCode::TOO_MANY_REQUESTS, "rate limited").into_response()
+        }
+        // Allowed, or the store failed: fail open.
+        _ => next.run(req).await,
+    }
+}

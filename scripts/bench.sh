@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# End-to-end benchmark (issue 8): the axum hello world with no limiter, with
+# tower_governor, with this crate on memory and on Redis, and with a naive
+# per-request deadpool + EVALSHA limiter, side by side, interleaved over rounds.
+#
+#   scripts/bench.sh                      # ~5 minutes with the defaults
+#   ROUNDS=2 SECS=5 FIXED_SECS=5 scripts/bench.sh   # ~2 minutes
+#
+# The app runs with one tokio worker pinned to CPU $APP_CPU; wrk, the open-loop
+# load generator (examples/loadgen.rs) and redis-server share CPU $LOAD_CPU.
+# Per variant and round it records wrk's throughput and p50/p99, the app's CPU
+# per request (/proc/PID/stat utime+stime), Redis round trips per request
+# (INFO commandstats: EVALSHA, EVAL, PING, UNWATCH, SCRIPT — what clients send;
+# commands run inside scripts are not round trips) and Redis CPU per request
+# (INFO cpu). Then a fixed-rate run at half the no-limiter throughput reports
+# the latency each limiter adds when not saturated, and a hammering client
+# (everything rejected) shows Redis commands per rejection with and without
+# the deny cache. Prints one Markdown table of medians, with ratios to the
+# no-limiter baseline of the same run.
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+SECS=${SECS:-10}
+FIXED_SECS=${FIXED_SECS:-8}
+CONNS=${CONNS:-64}
+VARIANTS=${VARIANTS:-"none governor memory redis naive"}
+APP_CPU=${APP_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+BIN=$CARGO_TARGET_DIR/release/examples
+
+need() { command -v "$1" >/dev/null 2>&1; }
+if ! need wrk || ! need redis-server || ! need redis-cli; then
+  echo "installing wrk and redis with apt" >&2
+  apt-get update -qq && apt-get install -y -qq wrk redis-server >/dev/null
+fi
+
+cargo build --quiet --release --features redis --example bench_server --example loadgen
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    (: </dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo "$p"; return; }
+  done
+}
+
+RPORT=$(free_port)
+taskset -c "$LOAD_CPU" redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no \
+  >"$WORK/redis.log" 2>&1 &
+RPID=$!
+PIDS+=("$RPID")
+for _ in $(seq 100); do
+  [ "$(redis-cli -p "$RPORT" PING 2>/dev/null)" = PONG ] && break
+  sleep 0.05
+done
+rcli() { redis-cli -p "$RPORT" "$@"; }
+
+TCK=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
+redis_cmds() {
+  rcli INFO commandstats | tr -d '\r' |
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval|ping|unwatch|script):/ {s += $3} END {print s + 0}'
+}
+
+SRV_PID=""
+SRV_ADDR=""
+start_server() { # variant [extra args...]
+  local v=$1
+  shift
+  taskset -c "$APP_CPU" "$BIN/bench_server" --variant "$v" --listen 127.0.0.1:0 --workers 1 \
+    --redis-url "redis://127.0.0.1:$RPORT" "$@" >"$WORK/srv.out" 2>"$WORK/srv.err" &
+  SRV_PID=$!
+  PIDS+=("$SRV_PID")
+  for _ in $(seq 200); do
+    SRV_ADDR=$(sed -n 's/^listening on //p' "$WORK/srv.out")
+    [ -n "$SRV_ADDR" ] && return
+    sleep 0.05
+  done
+  echo "bench_server --variant $v did not start:" >&2
+  cat "$WORK/srv.err" >&2
+  exit 1
+}
+stop_server() {
+  # SIGKILL: an overloaded server must not keep draining into the next run.
+  kill -9 "$SRV_PID" 2>/dev/null || true
+  wait "$SRV_PID" 2>/dev/null || true
+}
+
+# wrk prints latencies as 812.00us / 1.20ms / 1.01s.
+to_us() { awk -v v="$1" 'BEGIN {
+  n = v + 0
+  if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n }'; }
+
+RESULTS=$WORK/results
+: >"$RESULTS"
+
+saturate() { # round variant
+  local r=$1 v=$2
+  start_server "$v"
+  taskset -c "$LOAD_CPU" wrk -t2 -c"$CONNS" -d1s "http://$SRV_ADDR/" >/dev/null # warm up
+  local c0 rc0 rq0 c1 rc1 rq1
+  c0=$(cpu_ticks "$SRV_PID"); rc0=$(redis_cpu); rq0=$(redis_cmds)
+  taskset -c "$LOAD_CPU" wrk -t2 -c"$CONNS" -d"${SECS}s" --latency "http://$SRV_ADDR/" >"$WORK/wrk.txt"
+  c1=$(cpu_ticks "$SRV_PID"); rc1=$(redis_cpu); rq1=$(redis_cmds)
+  stop_server
+  local reqs rps p50 p99 non2xx
+  reqs=$(awk '/requests in/ {print $1}' "$WORK/wrk.txt")
+  rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk.txt")
+  p50=$(to_us "$(awk '$1 == "50%" {print $2}' "$WORK/wrk.txt")")
+  p99=$(to_us "$(awk '$1 == "99%" {print $2}' "$WORK/wrk.txt")")
+  non2xx=$(awk '/Non-2xx/ {print $NF}' "$WORK/wrk.txt")
+  echo "sat $r $v $rps $p50 $p99 $(awk -v a="$c0" -v b="$c1" -v n="$reqs" -v t="$TCK" 'BEGIN {printf "%.2f", (b - a) / t * 1e6 / n}') \
+$(awk -v a="$rq0" -v b="$rq1" -v n="$reqs" 'BEGIN {printf "%.3f", (b - a) / n}') \
+$(awk -v a="$rc0" -v b="$rc1" -v n="$reqs" 'BEGIN {printf "%.2f", (b - a) * 1e6 / n}') ${non2xx:-0}" | tee -a "$RESULTS" >&2
+}
+
+fixed() { # round variant rate
+  local r=$1 v=$2 rate=$3
+  start_server "$v"
+  taskset -c "$LOAD_CPU" wrk -t1 -c8 -d1s "http://$SRV_ADDR/" >/dev/null # warm up
+  local line
+  line=$(taskset -c "$LOAD_CPU" "$BIN/loadgen" --url "http://$SRV_ADDR/" --rate "$rate" --secs "$FIXED_SECS")
+  stop_server
+  sleep 1 # let Redis drain what a killed server left queued
+  echo "fixed $r $v $rate $line" | tee -a "$RESULTS" >&2
+}
+
+hammer() { # label extra-args...
+  local label=$1
+  shift
+  start_server redis --limit 10 "$@"
+  local rq0 rq1 reqs
+  rq0=$(redis_cmds)
+  taskset -c "$LOAD_CPU" wrk -t2 -c16 -d3s "http://$SRV_ADDR/" >"$WORK/wrk.txt"
+  rq1=$(redis_cmds)
+  stop_server
+  reqs=$(awk '/requests in/ {print $1}' "$WORK/wrk.txt")
+  echo "hammer $label $reqs $(awk '/Non-2xx/ {print $NF}' "$WORK/wrk.txt") $((rq1 - rq0))" | tee -a "$RESULTS" >&2
+}
+
+echo "saturation: $ROUNDS rounds x ($VARIANTS) x ${SECS}s, wrk -t2 -c$CONNS" >&2
+for r in $(seq "$ROUNDS"); do
+  for v in $VARIANTS; do saturate "$r" "$v"; done
+done
+
+BASE=$(awk '$1 == "sat" && $3 == "none" {print $4}' "$RESULTS" | sort -n |
+  awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
+RATE=${FIXED_RATE:-$(awk -v b="$BASE" 'BEGIN {printf "%d", b / 2}')}
+echo "fixed rate: $RATE req/s (half the no-limiter median), ${FIXED_SECS}s per variant" >&2
+for r in $(seq "$ROUNDS"); do
+  for v in $VARIANTS; do fixed "$r" "$v" "$RATE"; done
+done
+
+echo "hammering client: quota 10/min, wrk -c16 3s" >&2
+hammer "deny cache on"
+hammer "deny cache off" --no-deny-cache
+
+MACHINE="$(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(uname -sr), $(redis-server --version | awk '{print $1, $2, $3}')"
+python3 - "$RESULTS" "$MACHINE" "$ROUNDS" "$SECS" "$FIXED_SECS" "$CONNS" <<'EOF'
+import sys, statistics as st
+path, machine, rounds, secs, fsecs, conns = sys.argv[1:]
+sat, fix, ham = {}, {}, []
+for line in open(path):
+    f = line.split()
+    if f[0] == "sat":
+        sat.setdefault(f[2], []).append([float(x) for x in f[3:10]])
+    elif f[0] == "fixed":
+        kv = dict(x.split("=") for x in f[4:])
+        fix.setdefault(f[2], []).append((float(kv["p50_us"]), float(kv["p99_us"]),
+            int(kv["errors"]) + int(kv["dropped"]), float(kv["rate"]), float(f[3])))
+    elif f[0] == "hammer":
+        label = " ".join(f[1:4])
+        ham.append((label, *map(float, f[4:7])))
+med = lambda xs: st.median(xs)
+order = [v for v in ["none", "governor", "memory", "redis", "naive"] if v in sat]
+names = {"none": "no limiter", "governor": "tower_governor 0.8 (memory)", "memory": "tower-ratelimit, memory",
+         "redis": "tower-ratelimit, Redis", "naive": "naive deadpool + EVALSHA per request"}
+base = med([s[0] for s in sat["none"]]) if "none" in sat else None
+bfix = med([x[1] for x in fix["none"]]) if "none" in fix else None
+print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -c{conns} -d{secs}s; "
+      f"fixed rate: examples/loadgen.rs for {fsecs}s. Medians over rounds.\n")
+print("| variant | req/s | × no limiter | p50 | p99 | app CPU µs/req | Redis cmds/req | Redis CPU µs/req | fixed-rate p50 | fixed-rate p99 | added p99 |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for v in order:
+    s = sat[v]
+    rps = med([x[0] for x in s])
+    ratio = f"{rps / base:.2f}×" if base else "-"
+    fx = fix.get(v, [])
+    fp50 = f"{med([x[0] for x in fx]) / 1000:.2f} ms" if fx else "-"
+    fp99 = f"{med([x[1] for x in fx]) / 1000:.2f} ms" if fx else "-"
+    added = "-"
+    if fx and med([x[3] / x[4] for x in fx]) < 0.97:
+        # Could not keep up with the offered rate: its latencies are queueing, not the limiter's.
+        fp50, fp99, added = "overloaded", "overloaded", "-"
+    elif fx and bfix is not None and v != "none":
+        added = f"{(med([x[1] for x in fx]) - bfix) / 1000:+.2f} ms"
+    non2xx = sum(x[6] for x in s)
+    note = f" ({int(non2xx)} non-2xx)" if non2xx else ""
+    print(f"| {names[v]}{note} | {rps:,.0f} | {ratio} | {med([x[1] for x in s]) / 1000:.2f} ms | "
+          f"{med([x[2] for x in s]) / 1000:.2f} ms | {med([x[3] for x in s]):.1f} | "
+          f"{med([x[4] for x in s]):.2f} | {med([x[5] for x in s]):.1f} | {fp50} | {fp99} | {added} |")
+if fix:
+    rate = med([x[3] for xs in fix.values() for x in xs])
+    print(f"\nFixed-rate runs offered {med([x[4] for xs in fix.values() for x in xs]):,.0f} req/s; errors or drops: "
+          + ", ".join(f"{v} {sum(x[2] for x in fix[v])}" for v in order if v in fix) + ".")
+for label, reqs, non2xx, cmds in ham:
+    print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
+          f"{int(cmds)} Redis commands ({cmds / max(non2xx, 1):.4f} per rejected request).")
+EOF
