@@ -61,7 +61,6 @@ where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
 {
     pub(crate) fn start(service: &mut S, limiter: &Arc<Limiter>, req: Request<B>) -> Self {
-        let (parts, body) = req.into_parts();
         let mut this = ResponseFuture {
             state: State::Answered { res: None },
             waiting: None,
@@ -69,12 +68,19 @@ where
             started: None,
             limiter: limiter.clone(),
         };
+        // Built in place, like the rate limiter's future: never moved between steps.
+        this.begin(service, limiter, req);
+        this
+    }
+
+    fn begin(&mut self, service: &mut S, limiter: &Arc<Limiter>, req: Request<B>) {
+        let (parts, body) = req.into_parts();
         match limiter.begin(&parts) {
             Begin::Forward(slot) => {
-                this.slot = slot;
-                this.forward_now(service, parts, body)
+                self.slot = slot;
+                self.forward_now(service, parts, body);
             }
-            Begin::Answer(res) => this.answer(res),
+            Begin::Answer(res) => self.answer(res),
             Begin::Acquire {
                 mut fut,
                 mut slot,
@@ -83,38 +89,35 @@ where
                 // The memory store answers at once: decide without another poll.
                 Some(result) => match limiter.verdict(&mut slot, started, result) {
                     None => {
-                        this.slot = Some(slot);
-                        this.forward_now(service, parts, body)
+                        self.slot = Some(slot);
+                        self.forward_now(service, parts, body);
                     }
-                    Some(res) => this.answer(res),
+                    Some(res) => self.answer(res),
                 },
                 None => {
-                    this.slot = Some(slot);
-                    this.started = started;
-                    this.state = State::Acquiring { fut };
+                    self.slot = Some(slot);
+                    self.started = started;
+                    self.state = State::Acquiring { fut };
                     // The ready service goes with this request; `service` gets a fresh clone.
                     let clone = service.clone();
-                    this.waiting = Some(Waiting {
+                    self.waiting = Some(Waiting {
                         service: std::mem::replace(service, clone),
                         parts,
                         body,
                     });
-                    this
                 }
             },
         }
     }
 
-    fn forward_now(mut self, service: &mut S, parts: Parts, body: B) -> Self {
+    fn forward_now(&mut self, service: &mut S, parts: Parts, body: B) {
         self.state = State::Inner {
             fut: service.call(Request::from_parts(parts, body)),
         };
-        self
     }
 
-    fn answer(mut self, res: Response<Bytes>) -> Self {
+    fn answer(&mut self, res: Response<Bytes>) {
         self.state = State::Answered { res: Some(res) };
-        self
     }
 }
 
