@@ -99,6 +99,9 @@ function sliding_log.refund(q, v, id, now, cost, set)
   if #found == 0 then return end
   local c = entry_cost(found[1])
   local give = math.min(cost, c)
+  -- Nothing to give (a zero cost): the reduced entry would be the same
+  -- member, and removing "the old one" would delete the charge.
+  if give <= 0 then return end
   -- Add the reduced entry before removing the old one: emptying the set
   -- would delete the key, and re-creating it would drop its TTL.
   if c > give then

@@ -442,7 +442,8 @@ impl Limiter {
         status: StatusCode,
         headers: &mut HeaderMap,
     ) {
-        if (self.refund)(status, headers) {
+        // A zero cost spent nothing: there is nothing to give back.
+        if charged.cost > 0 && (self.refund)(status, headers) {
             self.spawn_refund(&charged);
             for s in charged.decision.statuses_mut() {
                 *s = crate::algorithm::refunded_status(*s, charged.cost);
