@@ -464,24 +464,15 @@ impl Limiter {
             (Some(local), ChargedTo::Local) => local,
             _ => &*self.store,
         };
-        let mut fut = store.refund(&Refund {
-            charge: self.call(&c.key, &c.policy, c.cost, c.now_ms),
-            decision: &c.decision,
-        });
-        match fut.now_or_never() {
-            Some(result) => self.refunded(result, None),
-            None => match tokio::runtime::Handle::try_current() {
-                // Off the response path: the client never waits for a refund.
-                Ok(rt) => {
-                    let this = self.clone();
-                    let started = Instant::now();
-                    rt.spawn(async move {
-                        let result = fut.await;
-                        this.refunded(result, Some(started));
-                    });
-                }
-                Err(_) => tracing::warn!("no tokio runtime to run a refund on; the charge stands"),
-            },
+        let this = self.clone();
+        if !run_off_path(
+            store.refund(&Refund {
+                charge: self.call(&c.key, &c.policy, c.cost, c.now_ms),
+                decision: &c.decision,
+            }),
+            move |result, started| this.refunded(result, started),
+        ) {
+            tracing::warn!("no tokio runtime to run a refund on; the charge stands");
         }
     }
 
@@ -501,6 +492,27 @@ impl Limiter {
             }
         }
     }
+}
+
+/// Runs a store call no request waits for (a refund, a slot release): at once
+/// when the store answered synchronously, else spawned on the tokio runtime,
+/// off the response path (and safe while unwinding from a panic). `done` gets
+/// the result and, when the call had to wait, when it started. Returns `false`
+/// (and drops `done` uncalled) when there is no runtime to run it on.
+pub(crate) fn run_off_path(
+    mut fut: StoreFuture<Result<(), StoreError>>,
+    done: impl FnOnce(Result<(), StoreError>, Option<Instant>) + Send + 'static,
+) -> bool {
+    if let Some(result) = fut.now_or_never() {
+        done(result, None);
+        return true;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let started = Instant::now();
+    rt.spawn(async move { done(fut.await, Some(started)) });
+    true
 }
 
 /// Limits log lines to one per second per kind, so a flood is one line, not millions.

@@ -318,27 +318,15 @@ impl Limiter {
         if !slot.in_store {
             return;
         }
-        let mut fut = self.store.release(&call);
-        match fut.now_or_never() {
-            Some(result) => self.released(result, None),
-            // Off the response path, and safe while unwinding from a panic.
-            None => match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    let this = self.clone();
-                    let started = Instant::now();
-                    rt.spawn(async move {
-                        let result = fut.await;
-                        this.released(result, Some(started));
-                    });
-                }
-                Err(_) => {
-                    self.metrics().releases_failed.increment(1);
-                    tracing::warn!(
-                        limiter = self.namespace.name(),
-                        "no tokio runtime to release a concurrency slot on; it expires with its lease"
-                    );
-                }
-            },
+        let this = self.clone();
+        let fut = self.store.release(&call);
+        if !crate::limiter::run_off_path(fut, move |result, started| this.released(result, started))
+        {
+            self.metrics().releases_failed.increment(1);
+            tracing::warn!(
+                limiter = self.namespace.name(),
+                "no tokio runtime to release a concurrency slot on; it expires with its lease"
+            );
         }
     }
 
