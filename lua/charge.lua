@@ -1,55 +1,84 @@
--- Charge: every quota of a policy, all or nothing, in one call, whatever
--- their algorithms. Assembled after lua/prelude.lua, lua/rate.lua and the
--- algorithm files (src/store/redis/scripts.rs); the shared vectors in tests/
+-- Charge: a batch of requests, each charged every quota of its policy, all
+-- or nothing, whatever their algorithms, in order (two requests for one key
+-- see each other's charges). Concurrent requests travel together in one call
+-- (src/store/redis/batch.rs); an idle service sends batches of one.
+-- Assembled after lua/prelude.lua, lua/rate.lua, the algorithm files and
+-- lua/policy.lua (src/store/redis/scripts.rs); the shared vectors in tests/
 -- keep each algorithm equal to its twin in src/algorithm/.
 --
--- KEYS[1]  the client's hash: prefix .. "{" .. tag .. "}" (all scalar state)
--- KEYS[2..] one sorted set per sliding-log quota, in policy order: the hash's
---          key .. ":" .. field prefix (same {tag}, same slot)
--- ARGV[1]  now, Unix ms, from the application's clock; "" = use Redis TIME
--- ARGV[2]  cost (units to charge)
--- ARGV[3]  n, the number of quotas; then for each quota i (1-based), at
---          ARGV[5i-1 .. 5i+3]:
---            algorithm code: fw, tb, sw, gc or sl
---            field prefix (algorithm and window, e.g. "tb60000")
---            a, b, c: the algorithm's arguments (see its file)
+-- ARGV[1]  P, the number of distinct policies in the batch; then each policy
+--          as lua/policy.lua reads it (n, then 5 arguments per quota)
+-- then     J, the number of requests; then 3 arguments per request: its
+--          policy (1..P), now (Unix ms from the application's clock; "" =
+--          Redis TIME) and its cost (units to charge)
+-- KEYS     per request, in order: the client's hash (prefix .. "{" .. tag ..
+--          "}", all scalar state), then one sorted set per sliding-log quota of
+--          its policy, in policy order (the hash's key .. ":" .. field prefix:
+--          same {tag}, same slot)
 --
--- Reads every quota's fields with one HMGET, decides, and only if every
--- quota admits the cost writes them all with one HSET (and the logs), then
--- sets PEXPIREAT one second after the latest expiry. A rejection writes nothing.
+-- Per request: reads every quota's fields with one HMGET, decides, and only
+-- if every quota admits the cost writes them all with one HSET (and the
+-- logs), then sets PEXPIREAT one second after the latest expiry. A rejection
+-- writes nothing.
 --
--- Returns {allowed (1/0), now, block_1, ..., block_n}: each quota's state as
--- read, before this call's charge (block layouts in the algorithm files).
--- The application derives every header from this reply.
-local now = read_now()
-local cost = tonumber(ARGV[2])
-local quotas = parse_quotas(5)
-local vals = redis.call('HMGET', KEYS[1], unpack(quota_fields(quotas)))
+-- Returns one reply per request, in order: {allowed (1/0), now, block_1, ...,
+-- block_n}, each quota's state as read, before this request's charge (block
+-- layouts in the algorithm files), from which the application derives every
+-- header; or {-1, message} when that request alone failed (e.g. its key
+-- holds another type): the other requests of the batch are unaffected.
 
-local allowed = 1
-for _, q in ipairs(quotas) do
-  q.st = q.alg.read(q, quota_vals(q, vals), now)
-  if not q.alg.fits(q, q.st, cost) then allowed = 0 end
-end
-
-local out = {0, now}
-for _, q in ipairs(quotas) do
-  if q.alg.reply then
-    q.alg.reply(q, q.st, cost, out)
-  else
-    push(out, unpack(q.st.reply))
-  end
-end
-
-if allowed == 1 then
-  local set = {}
-  local latest = 0
+local function charge_one(hash, quotas, fields, now, cost)
+  local vals = redis.call('HMGET', hash, unpack(fields))
+  local allowed = 1
   for _, q in ipairs(quotas) do
-    local e = q.alg.write(q, q.st, cost, now, set)
-    if e > latest then latest = e end
+    q.st = q.alg.read(q, quota_vals(q, vals), now)
+    if not q.alg.fits(q, q.st, cost) then allowed = 0 end
   end
-  redis.call('HSET', KEYS[1], unpack(set))
-  redis.call('PEXPIREAT', KEYS[1], math.max(latest, now) + 1000)
+
+  local out = {0, now}
+  for _, q in ipairs(quotas) do
+    if q.alg.reply then
+      q.alg.reply(q, q.st, cost, out)
+    else
+      push(out, unpack(q.st.reply))
+    end
+  end
+
+  if allowed == 1 then
+    local set = {}
+    local latest = 0
+    for _, q in ipairs(quotas) do
+      local e = q.alg.write(q, q.st, cost, now, set)
+      if e > latest then latest = e end
+    end
+    redis.call('HSET', hash, unpack(set))
+    redis.call('PEXPIREAT', hash, math.max(latest, now) + 1000)
+  end
+  out[1] = allowed
+  return out
 end
-out[1] = allowed
-return out
+
+local policies = {}
+local at = 2
+for i = 1, tonumber(ARGV[1]) do
+  local quotas
+  quotas, at = parse_quotas(at, 5)
+  policies[i] = {quotas = quotas, fields = quota_fields(quotas)}
+end
+
+local replies = {}
+local k = 1
+for j = 1, tonumber(ARGV[at]) do
+  local base = at + 3 * (j - 1)
+  local pol = policies[tonumber(ARGV[base + 1])]
+  local hash = KEYS[k]
+  k = bind_logs(pol.quotas, k + 1)
+  local ok, r = pcall(charge_one, hash, pol.quotas, pol.fields,
+    read_now(ARGV[base + 2]), tonumber(ARGV[base + 3]))
+  if ok then
+    replies[j] = r
+  else
+    replies[j] = {-1, type(r) == 'table' and tostring(r.err) or tostring(r)}
+  end
+end
+return replies

@@ -23,7 +23,7 @@ end
 
 -- Appends the fields of an admitted charge to `set`; returns the state's expiry.
 function fixed_window.write(q, st, cost, now, set)
-  push(set, q.p .. 'c', st.c + cost, q.p .. 'r', st.r)
+  push(set, q.f.c, st.c + cost, q.f.r, st.r)
   return st.r
 end
 
@@ -31,6 +31,6 @@ end
 function fixed_window.refund(q, v, id, now, cost, set)
   local c, r = tonumber(v[1]), tonumber(v[2])
   if c ~= nil and r ~= nil and r == id and r > now then
-    push(set, q.p .. 'c', math.max(c - cost, 0))
+    push(set, q.f.c, math.max(c - cost, 0))
   end
 end

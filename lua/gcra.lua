@@ -30,7 +30,7 @@ end
 local function gcra_set(q, now, after, set)
   local f = math.fmod(after, q.b)
   local tat = now + (after - f) / q.b
-  push(set, q.p .. 't', tat, q.p .. 'f', f)
+  push(set, q.f.t, tat, q.f.f, f)
   return tat + (f > 0 and 1 or 0)
 end
 

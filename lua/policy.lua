@@ -9,13 +9,15 @@ local algorithms = {
   sl = sliding_log,
 }
 
--- The quotas from ARGV[4..], `stride` arguments each (a 6th is a window id);
--- sliding logs take their keys from KEYS[2..] in order.
-local function parse_quotas(stride)
+-- The policy at ARGV[at]: its number of quotas n, then `stride` arguments
+-- per quota: algorithm code, field prefix (algorithm and window, e.g.
+-- "tb60000"), a, b, c (see each algorithm's file) and, with a stride of 6,
+-- a window id. Returns the quotas and the index after the policy.
+-- Each quota carries q.f, its hash field names by suffix (q.f.c = prefix .. "c").
+local function parse_quotas(at, stride)
   local quotas = {}
-  local next_key = 2
-  for i = 1, tonumber(ARGV[3]) do
-    local base = 3 + stride * (i - 1)
+  for i = 1, tonumber(ARGV[at]) do
+    local base = at + stride * (i - 1)
     local alg = algorithms[ARGV[base + 1]]
     if alg == nil then
       error('unknown rate-limit algorithm ' .. tostring(ARGV[base + 1]))
@@ -26,15 +28,15 @@ local function parse_quotas(stride)
       a = tonumber(ARGV[base + 3]),
       b = tonumber(ARGV[base + 4]),
       c = tonumber(ARGV[base + 5]),
-      id = tonumber(ARGV[base + 6]),
+      id = stride == 6 and tonumber(ARGV[base + 6]) or nil,
+      f = {},
     }
-    if alg.log then
-      q.key = KEYS[next_key]
-      next_key = next_key + 1
+    for _, s in ipairs(alg.suffixes) do
+      q.f[s] = q.p .. s
     end
     quotas[i] = q
   end
-  return quotas
+  return quotas, at + 1 + stride * #quotas
 end
 
 -- Every quota's hash fields, in order, for one HMGET; notes where each starts.
@@ -43,10 +45,22 @@ local function quota_fields(quotas)
   for _, q in ipairs(quotas) do
     q.first = #fields + 1
     for _, s in ipairs(q.alg.suffixes) do
-      fields[#fields + 1] = q.p .. s
+      fields[#fields + 1] = q.f[s]
     end
   end
   return fields
+end
+
+-- Gives each sliding-log quota its sorted set, KEYS[k], KEYS[k + 1], ... in
+-- policy order; returns the index of the next key.
+local function bind_logs(quotas, k)
+  for _, q in ipairs(quotas) do
+    if q.alg.log then
+      q.key = KEYS[k]
+      k = k + 1
+    end
+  end
+  return k
 end
 
 -- The HMGET values of quota q's fields.

@@ -70,7 +70,7 @@ function sliding_log.write(q, st, cost, now, set)
   if st.expired > 0 then
     redis.call('ZREMRANGEBYSCORE', q.key, '-inf', st.cutoff)
   end
-  push(set, q.p .. 'n', st.total + cost)
+  push(set, q.f.n, st.total + cost)
   local newest = st.newest
   if cost > 0 then
     -- One member per ms: merge with an entry already logged at `now`.
@@ -108,5 +108,5 @@ function sliding_log.refund(q, v, id, now, cost, set)
     redis.call('ZADD', q.key, id, entry(id, c - give))
   end
   redis.call('ZREM', q.key, found[1])
-  push(set, q.p .. 'n', math.max((tonumber(v[1]) or 0) - give, 0))
+  push(set, q.f.n, math.max((tonumber(v[1]) or 0) - give, 0))
 end

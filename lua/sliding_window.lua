@@ -31,7 +31,7 @@ function sliding_window.fits(q, st, cost)
 end
 
 function sliding_window.write(q, st, cost, now, set)
-  push(set, q.p .. 's', st.s, q.p .. 'c', st.c + cost, q.p .. 'p', st.p)
+  push(set, q.f.s, st.s, q.f.c, st.c + cost, q.f.p, st.p)
   return st.s + 2 * q.b
 end
 
@@ -41,8 +41,8 @@ function sliding_window.refund(q, v, id, now, cost, set)
   local s, c, p = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
   if s == nil or c == nil or p == nil then return end
   if s == id then
-    push(set, q.p .. 'c', math.max(c - cost, 0))
+    push(set, q.f.c, math.max(c - cost, 0))
   elseif s == id + q.b then
-    push(set, q.p .. 'p', math.max(p - cost, 0))
+    push(set, q.f.p, math.max(p - cost, 0))
   end
 end

@@ -1,12 +1,15 @@
 -- Status: every quota's state without charging (read-only, so replicas can
--- serve it). Assembled like lua/charge.lua.
+-- serve it). Assembled like lua/charge.lua; one request per call.
 --
--- KEYS     as in lua/charge.lua
--- ARGV     as in lua/charge.lua, with ARGV[2] (cost) = 0
+-- KEYS     the client's hash, then its sliding-log sets (as in lua/charge.lua)
+-- ARGV[1]  now, Unix ms ("" = Redis TIME)
+-- ARGV[2]  0 (the cost: nothing is charged)
+-- ARGV[3]  n, the number of quotas; then 5 arguments per quota (as in lua/charge.lua)
 --
 -- Returns {1, now, block_1, ..., block_n}, as lua/charge.lua.
-local now = read_now()
-local quotas = parse_quotas(5)
+local now = read_now(ARGV[1])
+local quotas = parse_quotas(3, 5)
+bind_logs(quotas, 2)
 local vals = redis.call('HMGET', KEYS[1], unpack(quota_fields(quotas)))
 local out = {1, now}
 for _, q in ipairs(quotas) do

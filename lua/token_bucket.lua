@@ -30,7 +30,7 @@ end
 
 function token_bucket.write(q, st, cost, now, set)
   local after = st.d + cost * q.a
-  push(set, q.p .. 'l', q.c - after, q.p .. 't', st.at)
+  push(set, q.f.l, q.c - after, q.f.t, st.at)
   return st.at + ceil_div(after, q.b)
 end
 
@@ -42,6 +42,6 @@ function token_bucket.refund(q, v, id, now, cost, set)
   local at, d = tb_backlog(q, l, t, now)
   local give = rate_refundable(q, d, cost)
   if give > 0 then
-    push(set, q.p .. 'l', q.c - (d - give), q.p .. 't', at)
+    push(set, q.f.l, q.c - (d - give), q.f.t, at)
   end
 end

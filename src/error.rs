@@ -19,7 +19,7 @@ impl ConfigError {
 }
 
 /// Why a store call failed. The layer answers per its failure policy and never panics.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The call did not finish within the store timeout.

@@ -11,6 +11,7 @@
 //! lane whose connection failed is emptied and refilled from the pool, so a
 //! broken or demoted (`READONLY`) connection is never reused.
 
+use super::batch::{Job, JobReply, Queue};
 use crate::error::StoreError;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::{
@@ -28,7 +29,7 @@ pub(crate) type Vet =
 /// The connections of one role (a primary, a replica, or a whole cluster).
 pub(crate) enum Connections {
     /// Long-lived multiplexed connections to one standalone server.
-    Lanes(Lanes),
+    Lanes(Arc<Lanes>),
     /// One shared connection to a Redis Cluster, which routes each call to
     /// the node serving its key's hash slot.
     #[cfg(feature = "cluster")]
@@ -57,6 +58,28 @@ impl Call<'_> {
 }
 
 impl Connections {
+    /// Charges `job`: queued to travel with concurrent charges on a lane
+    /// (see [`super::batch`]); on a cluster, sent alone to its key's node
+    /// (which pipelines it with other calls to that node). No time limit:
+    /// the caller bounds it.
+    pub(crate) async fn charge(&self, job: Job) -> JobReply {
+        match self {
+            Connections::Lanes(lanes) => lanes.submit(job).await.unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(
+                    "the redis batch carrying this charge was dropped (runtime shutting down)"
+                        .into(),
+                ))
+            }),
+            #[cfg(feature = "cluster")]
+            Connections::Cluster(cluster) => {
+                let inv = super::batch::invocation(std::iter::once(&job));
+                let reply: Vec<Value> = cluster.run(Call::Script(&inv)).await?;
+                let raw = super::batch::split(reply, 1)?.pop();
+                job.decide(raw.expect("split checked the length"))
+            }
+        }
+    }
+
     /// Runs `call` on these connections (no time limit: the caller bounds it).
     pub(crate) async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
         match self {
@@ -134,6 +157,8 @@ impl ConnectionLike for AnyConnection {
 pub(crate) struct Lanes {
     pool: Pool,
     lanes: Box<[Mutex<Option<MultiplexedConnection>>]>,
+    /// Each lane's charges waiting to travel together (see [`super::batch`]).
+    queues: Box<[Mutex<Queue>]>,
     next: AtomicUsize,
     vet: Option<Arc<Vet>>,
 }
@@ -143,20 +168,36 @@ impl Lanes {
         Self {
             pool,
             lanes: (0..n.max(1)).map(|_| Mutex::new(None)).collect(),
+            queues: (0..n.max(1)).map(|_| Mutex::default()).collect(),
             next: AtomicUsize::new(0),
             vet,
         }
     }
 
+    /// The lanes' charge queues.
+    pub(crate) fn queues(&self) -> &[Mutex<Queue>] {
+        &self.queues
+    }
+
+    /// The next lane in turn.
+    pub(crate) fn next_lane(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()
+    }
+
     /// A connection to send one command on, and the lane it came from.
     pub(crate) async fn get(&self) -> Result<(usize, MultiplexedConnection), StoreError> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+        let i = self.next_lane();
+        Ok((i, self.get_lane(i).await?))
+    }
+
+    /// Lane `i`'s connection, connecting (and vetting) it if it has none.
+    pub(crate) async fn get_lane(&self, i: usize) -> Result<MultiplexedConnection, StoreError> {
         if let Some(c) = self.lanes[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
         {
-            return Ok((i, c));
+            return Ok(c);
         }
         let conn = self.pool.get().await.map_err(pool_error)?;
         // Out of the pool for good: the lane owns it and drops it when it breaks.
@@ -165,7 +206,7 @@ impl Lanes {
             vet(AnyConnection::Standalone(conn.clone())).await?;
         }
         *self.lanes[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-        Ok((i, conn))
+        Ok(conn)
     }
 
     /// Sends `pipe` in one round trip within `budget` (used by the coordinated

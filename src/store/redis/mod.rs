@@ -27,6 +27,7 @@
 //! `MOVED`/`ASK` and keeps working after a failover, and is never sent twice
 //! after an error that may have let it run (see [`RedisStore::cluster_builder`]).
 
+mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod concurrency;
@@ -237,17 +238,23 @@ impl RedisStoreBuilder {
         }
         let vet = vet(self.eviction);
         let primary = match &self.cluster {
-            None => Connections::Lanes(Lanes::new(
+            None => Connections::Lanes(Arc::new(Lanes::new(
                 self.pool(&self.url)?,
                 self.connections,
                 Some(vet),
-            )),
+            ))),
             Some(urls) => self.cluster_connections(urls, vet)?,
         };
         let replicas = self
             .replicas
             .iter()
-            .map(|u| Ok(Connections::Lanes(Lanes::new(self.pool(u)?, 1, None))))
+            .map(|u| {
+                Ok(Connections::Lanes(Arc::new(Lanes::new(
+                    self.pool(u)?,
+                    1,
+                    None,
+                ))))
+            })
             .collect::<Result<_, ConfigError>>()?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -487,11 +494,17 @@ impl RedisStore {
         keys::redis_key(&self.inner.prefix, namespace, key)
     }
 
-    fn now_arg(&self, now_ms: u64) -> (String, Option<u64>) {
+    /// The time sent to a script: the application's, or `None` for Redis `TIME`.
+    fn sent_now(&self, now_ms: u64) -> Option<u64> {
         match self.inner.time {
-            TimeSource::Application => (now_ms.to_string(), Some(now_ms)),
-            TimeSource::Redis => (String::new(), None),
+            TimeSource::Application => Some(now_ms),
+            TimeSource::Redis => None,
         }
+    }
+
+    fn now_arg(&self, now_ms: u64) -> (String, Option<u64>) {
+        let sent = self.sent_now(now_ms);
+        (sent.map(|t| t.to_string()).unwrap_or_default(), sent)
     }
 }
 
@@ -537,17 +550,15 @@ impl RedisStore {
 
 impl Store for RedisStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        let (mut inv, sent_now) = self.invocation(&scripts::CHARGE, call, call.cost);
-        for q in call.policy.quotas() {
-            reply::quota_args(&mut inv, q);
-        }
+        let job = batch::Job {
+            hash_key: self.redis_key(call.namespace, call.key),
+            policy: call.policy.clone(),
+            now: self.sent_now(call.now_ms),
+            cost: call.cost,
+        };
         let inner = self.inner.clone();
-        let policy = call.policy.clone();
-        let (cost, budget) = (call.cost, call.timeout);
-        StoreFuture::pending(async move {
-            let r: Vec<i64> = invoke(&inner.primary, &inv, budget).await?;
-            reply::decode(&policy, Some(cost), sent_now, &r)
-        })
+        let budget = call.timeout;
+        StoreFuture::pending(async move { within(budget, inner.primary.charge(job)).await })
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {

@@ -1,0 +1,326 @@
+//! Concurrent charges travel together in one script call per connection
+//! (src/store/redis/batch.rs), against a real `redis-server`.
+//!
+//! These tests run on tokio's current-thread runtime and create their charge
+//! futures before awaiting anything: every charge is queued before any
+//! connection's runner task gets to run, so how they are grouped is
+//! deterministic, with no sleeps.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use futures_util::future::join_all;
+use redis_support::{assert_every_key_has_a_ttl, require_redis, MonitorEntry, RedisServer};
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+use tower_ratelimit::clock::{Clock, SystemClock};
+use tower_ratelimit::key::Key;
+use tower_ratelimit::store::{Charge, Namespace, RedisStore, Store, StoreFuture};
+use tower_ratelimit::{Algorithm, Decision, Policy, Quota, StoreError};
+
+fn fixed(limit: u64) -> Policy {
+    Policy::new(Quota::new(limit, Duration::from_secs(60)).unwrap())
+}
+
+/// A token bucket (burst 5) and a sliding log (6 a minute): two Redis keys per client.
+fn mixed() -> Policy {
+    let tb = Quota::new(1, Duration::from_secs(60))
+        .unwrap()
+        .with_algorithm(Algorithm::TokenBucket)
+        .unwrap()
+        .burst(5)
+        .unwrap();
+    let sl = Quota::new(6, Duration::from_secs(60))
+        .unwrap()
+        .with_algorithm(Algorithm::SlidingLog)
+        .unwrap();
+    Policy::new(tb).and(sl).unwrap()
+}
+
+/// One charge of `cost` for `key` at `now`.
+fn charge(
+    store: &RedisStore,
+    ns: &Namespace,
+    key: &Key,
+    policy: &Policy,
+    now: u64,
+) -> StoreFuture<Result<Decision, StoreError>> {
+    store.charge(&Charge {
+        namespace: ns,
+        key,
+        policy,
+        cost: 1,
+        now_ms: now,
+        timeout: Duration::from_secs(5),
+    })
+}
+
+/// Client script calls seen by `MONITOR`.
+fn script_calls(entries: &[MonitorEntry]) -> Vec<&MonitorEntry> {
+    entries
+        .iter()
+        .filter(|e| !e.is_from_script() && e.command() == "EVALSHA")
+        .collect()
+}
+
+/// How many requests one `EVALSHA` of the charge script carries (see lua/charge.lua:
+/// after the keys, P policies of n quotas × 5 arguments, then J).
+fn requests_in(e: &MonitorEntry) -> usize {
+    let numkeys: usize = e.args[2].parse().unwrap();
+    let argv = &e.args[3 + numkeys..];
+    let mut at = 1;
+    for _ in 0..argv[0].parse::<usize>().unwrap() {
+        let n: usize = argv[at].parse().unwrap();
+        at += 1 + 5 * n;
+    }
+    argv[at].parse().unwrap()
+}
+
+/// Commands the scripts ran, by name.
+fn script_internal(entries: &[MonitorEntry], name: &str) -> usize {
+    entries
+        .iter()
+        .filter(|e| e.is_from_script() && e.command() == name)
+        .count()
+}
+
+/// Warms a store up: its two connections open and the script loaded.
+async fn warm(store: &RedisStore, now: u64) {
+    let ns = Namespace::new("warm");
+    let (a, b) = (Key::new("a"), Key::new("b"));
+    let p = fixed(10);
+    let (ra, rb) = tokio::join!(
+        charge(store, &ns, &a, &p, now),
+        charge(store, &ns, &b, &p, now)
+    );
+    ra.unwrap();
+    rb.unwrap();
+}
+
+/// 200 concurrent charges: 10 fixed-window clients (quota 7) and 10 mixed
+/// ones (burst 5), 10 requests each, interleaved.
+struct Crowd {
+    ns: Namespace,
+    keys: Vec<Key>,
+    policies: Vec<Policy>,
+}
+
+impl Crowd {
+    fn new(name: &str) -> Self {
+        Crowd {
+            ns: Namespace::new(name),
+            keys: (0..20).map(|i| Key::new(format!("client{i}"))).collect(),
+            policies: (0..20)
+                .map(|i| if i < 10 { fixed(7) } else { mixed() })
+                .collect(),
+        }
+    }
+
+    /// Every client's requests, all queued before any is sent; (client, decision).
+    async fn run(&self, store: &RedisStore, now: u64) -> Vec<(usize, Decision)> {
+        let mut calls = Vec::new();
+        for _round in 0..10 {
+            for c in 0..20 {
+                calls.push(charge(store, &self.ns, &self.keys[c], &self.policies[c], now));
+            }
+        }
+        join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| (i % 20, d.unwrap()))
+            .collect()
+    }
+
+    /// Each client is admitted exactly its quota, and each admitted request
+    /// saw its own remaining (limit - 1 down to 0, each once): every decision
+    /// came from its own read, in order.
+    fn assert_exact(decisions: &[(usize, Decision)]) {
+        let mut seen: HashMap<usize, Vec<u64>> = HashMap::new();
+        for (c, d) in decisions {
+            if d.is_allowed() {
+                seen.entry(*c).or_default().push(d.statuses()[0].remaining);
+            } else {
+                assert_eq!(d.binding_status().unwrap().remaining, 0);
+            }
+        }
+        for c in 0..20 {
+            let mut got = seen.remove(&c).unwrap_or_default();
+            got.sort_unstable();
+            let quota = if c < 10 { 7 } else { 5 };
+            let want: Vec<u64> = (0..quota).collect();
+            assert_eq!(got, want, "client {c}: remaining values of its admitted requests");
+        }
+    }
+}
+
+#[tokio::test]
+async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+
+    let monitor = server.monitor();
+    let decisions = Crowd::new("crowd").run(&store, now).await;
+    let seen = monitor.stop();
+
+    Crowd::assert_exact(&decisions);
+    // Two connections (the default), 100 requests queued on each: batches of 64 and 36.
+    let calls = script_calls(&seen);
+    let mut sizes: Vec<usize> = calls.iter().map(|e| requests_in(e)).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![36, 36, 64, 64], "requests per script call");
+    // Every request was read once inside Redis: one HMGET each.
+    assert_eq!(script_internal(&seen, "HMGET"), 200);
+    assert_every_key_has_a_ttl(&server);
+}
+
+#[tokio::test]
+async fn an_idle_service_sends_each_charge_alone_and_at_once() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+    let ns = Namespace::new("idle");
+    let key = Key::new("one");
+    let p = fixed(100);
+
+    let monitor = server.monitor();
+    for i in 0..20u64 {
+        // Nothing else is in flight: the charge is sent when it is made.
+        let d = charge(&store, &ns, &key, &p, now).await.unwrap();
+        assert_eq!(d.statuses()[0].remaining, 99 - i);
+    }
+    let seen = monitor.stop();
+    let calls = script_calls(&seen);
+    assert_eq!(calls.len(), 20);
+    assert!(calls.iter().all(|e| requests_in(e) == 1));
+}
+
+#[tokio::test]
+async fn noscript_inside_a_batch_reloads_and_resends_without_charging_twice() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+    server.cmd(&["SCRIPT", "FLUSH"]);
+
+    let monitor = server.monitor();
+    let decisions = Crowd::new("flushed").run(&store, now).await;
+    let seen = monitor.stop();
+
+    Crowd::assert_exact(&decisions);
+    // Each connection's first batch met NOSCRIPT (nothing ran), loaded the
+    // script and re-sent: 4 batches + 2 re-sends, yet one HMGET per request.
+    let loads = seen
+        .iter()
+        .filter(|e| !e.is_from_script() && e.command() == "SCRIPT")
+        .count();
+    assert!(loads >= 1, "the script was reloaded");
+    assert_eq!(script_calls(&seen).len(), 4 + loads);
+    assert_eq!(script_internal(&seen, "HMGET"), 200);
+}
+
+#[tokio::test]
+async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+    let ns = Namespace::new("cancel");
+    let p = fixed(10);
+    let kept: Vec<Key> = (0..10).map(|i| Key::new(format!("kept{i}"))).collect();
+    let gone: Vec<Key> = (0..50).map(|i| Key::new(format!("gone{i}"))).collect();
+
+    let mut kept_calls: Vec<_> = kept.iter().map(|k| Box::pin(charge(&store, &ns, k, &p, now))).collect();
+    let mut gone_calls: Vec<_> = gone.iter().map(|k| Box::pin(charge(&store, &ns, k, &p, now))).collect();
+    // Poll each once: all are queued, none sent yet (the runners have not run).
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for f in kept_calls.iter_mut().chain(gone_calls.iter_mut()) {
+        assert!(f.as_mut().poll(&mut cx).is_pending());
+    }
+    // The callers of 50 give up (a timeout, a dropped connection).
+    drop(gone_calls);
+    for d in join_all(kept_calls).await {
+        assert_eq!(d.unwrap().statuses()[0].remaining, 9);
+    }
+    for k in &kept {
+        assert_eq!(server.cmd(&["EXISTS", &store.redis_key(&ns, k)]).as_int(), 1);
+    }
+    for k in &gone {
+        assert_eq!(
+            server.cmd(&["EXISTS", &store.redis_key(&ns, k)]).as_int(),
+            0,
+            "a cancelled charge was sent"
+        );
+    }
+}
+
+#[tokio::test]
+async fn one_requests_failure_inside_a_batch_leaves_the_others_decided() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+    let ns = Namespace::new("wrongtype");
+    let p = fixed(10);
+    let keys: Vec<Key> = (0..40).map(|i| Key::new(format!("c{i}"))).collect();
+    // Someone else's string sits where client 7's hash would be.
+    server.cmd(&["SET", &store.redis_key(&ns, &keys[7]), "not a hash", "EX", "60"]);
+
+    let monitor = server.monitor();
+    let results = join_all(keys.iter().map(|k| charge(&store, &ns, k, &p, now))).await;
+    let seen = monitor.stop();
+
+    assert!(script_calls(&seen).iter().any(|e| requests_in(e) > 1), "the requests were batched");
+    for (i, r) in results.into_iter().enumerate() {
+        if i == 7 {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), "response", "{e}");
+            assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        } else {
+            assert_eq!(r.unwrap().statuses()[0].remaining, 9, "client {i}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).connections(1).build().unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+    let ns = Namespace::new("cap");
+    let p = fixed(1_000_000);
+    let key = Key::new("busy");
+    // One connection queues at most 4,096 charges.
+    let results = join_all((0..4_100).map(|_| charge(&store, &ns, &key, &p, now))).await;
+    let refused: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(refused.len(), 4);
+    assert!(refused.iter().all(|e| e.kind() == "unavailable"), "{:?}", refused[0]);
+    let admitted = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(admitted, 4_096);
+    let count = server.cmd(&["HGET", &store.redis_key(&ns, &key), "fw60000c"]);
+    assert_eq!(count.as_string(), "4096");
+}
