@@ -209,31 +209,44 @@ fn main() {
     let now = now_ms().to_string();
     let limit = LIMIT.to_string();
     let window = WINDOW_MS.to_string();
-    let scripts: [(&str, &str, Vec<&str>); 2] = [
-        (
-            "charge.lua",
-            charge,
-            vec!["now", "1", "1", "fw", "fw3600000", "L", "W", "0"],
-        ),
+    // lua/charge.lua takes a batch: one policy (one fixed-window quota), then
+    // per request its policy index, time and cost; one key per request.
+    let batch = |requests: usize| -> (Vec<String>, Vec<String>) {
+        let keys = vec!["rb:{__rand_int__}".to_owned(); requests];
+        let mut argv: Vec<String> = ["1", "1", "fw", "fw3600000", &limit, &window, "0"]
+            .map(str::to_owned)
+            .to_vec();
+        argv.push(requests.to_string());
+        for _ in 0..requests {
+            argv.extend(["1".to_owned(), now.clone(), "1".to_owned()]);
+        }
+        (keys, argv)
+    };
+    let standalone = (
+        vec!["rb:{__rand_int__}".to_owned()],
+        ["now", "1", "1", "fw3600000", "L", "W"]
+            .map(|a| match a {
+                "now" => now.clone(),
+                "L" => limit.clone(),
+                "W" => window.clone(),
+                other => other.to_owned(),
+            })
+            .to_vec(),
+    );
+    let scripts: [(&str, &str, usize, (Vec<String>, Vec<String>)); 3] = [
+        ("charge.lua, 1 request per call", charge, 1, batch(1)),
+        ("charge.lua, 32 requests per call", charge, 32, batch(32)),
         (
             "fixed_window_standalone.lua",
             include_str!("fixed_window_standalone.lua"),
-            vec!["now", "1", "1", "fw3600000", "L", "W"],
+            1,
+            standalone,
         ),
     ];
-    for (name, body, argv) in &scripts {
+    for (name, body, per_call, (keys, argv)) in &scripts {
         let sha = redis.cli(&["SCRIPT", "LOAD", body]).trim().to_owned();
-        let argv: Vec<&str> = argv
-            .iter()
-            .map(|a| match *a {
-                "now" => now.as_str(),
-                "L" => limit.as_str(),
-                "W" => window.as_str(),
-                other => other,
-            })
-            .collect();
         for (clients, pipeline) in [(1, 1), (16, 1), (1, 16), (64, 1)] {
-            let n = 100_000u64;
+            let n = 100_000u64 / *per_call as u64;
             let (cpu0, _) = redis.counters();
             let out = Command::new("redis-benchmark")
                 .args([
@@ -246,23 +259,27 @@ fn main() {
                     &KEYS.to_string(),
                 ])
                 .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
-                .args(["EVALSHA", &sha, "1", "rb:{__rand_int__}"])
-                .args(&argv)
+                .args(["EVALSHA", &sha, &keys.len().to_string()])
+                .args(keys)
+                .args(argv)
                 .output()
                 .expect("redis-benchmark on PATH");
             let (cpu1, _) = redis.counters();
             let text = String::from_utf8_lossy(&out.stdout);
             // `-q` prints "…: 56818.18 requests per second, p50=… msec" after \r progress lines.
-            let rps = text
+            let calls_per_s = text
                 .rsplit('\r')
                 .next()
                 .and_then(|l| l.split(": ").nth(1))
                 .and_then(|l| l.split_whitespace().next())
-                .unwrap_or("?")
-                .to_owned();
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(f64::NAN);
+            let decisions = n * *per_call as u64;
             println!(
-                "| redis-benchmark -c {clients} -P {pipeline}, {name} | {rps} | {:.1} | 1.00 |",
-                (cpu1 - cpu0) * 1e6 / n as f64
+                "| redis-benchmark -c {clients} -P {pipeline}, {name} | {:.0} | {:.1} | {:.2} |",
+                calls_per_s * *per_call as f64,
+                (cpu1 - cpu0) * 1e6 / decisions as f64,
+                1.0 / *per_call as f64
             );
         }
     }

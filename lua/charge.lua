@@ -17,9 +17,10 @@
 --          same {tag}, same slot)
 --
 -- Per request: reads every quota's fields with one HMGET, decides, and only
--- if every quota admits the cost writes them all with one HSET (and the
--- logs), then sets PEXPIREAT one second after the latest expiry. A rejection
--- writes nothing.
+-- if every quota admits the cost writes the fields that changed with one
+-- HSET (and the logs), then sets PEXPIREAT one second after the latest
+-- expiry when it may have moved (a fixed window's expiry is set by the charge
+-- that opens it). A rejection writes nothing.
 --
 -- Returns one reply per request, in order: {allowed (1/0), now, block_1, ...,
 -- block_n}, each quota's state as read, before this request's charge (block
@@ -30,29 +31,31 @@
 local function charge_one(hash, quotas, fields, now, cost)
   local vals = redis.call('HMGET', hash, unpack(fields))
   local allowed = 1
-  for _, q in ipairs(quotas) do
-    q.st = q.alg.read(q, quota_vals(q, vals), now)
+  for i = 1, #quotas do
+    local q = quotas[i]
+    q.st = q.alg.read(q, vals, now)
     if not q.alg.fits(q, q.st, cost) then allowed = 0 end
   end
 
   local out = {0, now}
-  for _, q in ipairs(quotas) do
-    if q.alg.reply then
-      q.alg.reply(q, q.st, cost, out)
-    else
-      push(out, unpack(q.st.reply))
-    end
+  for i = 1, #quotas do
+    local q = quotas[i]
+    q.alg.reply(q, q.st, cost, out)
   end
 
   if allowed == 1 then
     local set = {}
-    local latest = 0
-    for _, q in ipairs(quotas) do
-      local e = q.alg.write(q, q.st, cost, now, set)
+    local latest, moved = 0, false
+    for i = 1, #quotas do
+      local q = quotas[i]
+      local e, m = q.alg.write(q, q.st, cost, now, set)
       if e > latest then latest = e end
+      moved = moved or m
     end
     redis.call('HSET', hash, unpack(set))
-    redis.call('PEXPIREAT', hash, math.max(latest, now) + 1000)
+    if moved then
+      redis.call('PEXPIREAT', hash, math.max(latest, now) + 1000)
+    end
   end
   out[1] = allowed
   return out
@@ -66,19 +69,27 @@ for i = 1, tonumber(ARGV[1]) do
   policies[i] = {quotas = quotas, fields = quota_fields(quotas)}
 end
 
+-- One pcall for the whole batch, not one per request: when request j fails,
+-- it alone gets the error and the loop resumes at j + 1.
+local count = tonumber(ARGV[at])
 local replies = {}
-local k = 1
-for j = 1, tonumber(ARGV[at]) do
-  local base = at + 3 * (j - 1)
-  local pol = policies[tonumber(ARGV[base + 1])]
-  local hash = KEYS[k]
-  k = bind_logs(pol.quotas, k + 1)
-  local ok, r = pcall(charge_one, hash, pol.quotas, pol.fields,
-    read_now(ARGV[base + 2]), tonumber(ARGV[base + 3]))
-  if ok then
-    replies[j] = r
-  else
-    replies[j] = {-1, type(r) == 'table' and tostring(r.err) or tostring(r)}
+local j, k = 1, 1
+local function run()
+  while j <= count do
+    local base = at + 3 * (j - 1)
+    local pol = policies[tonumber(ARGV[base + 1])]
+    local hash = KEYS[k]
+    k = bind_logs(pol.quotas, k + 1)
+    replies[j] = charge_one(hash, pol.quotas, pol.fields,
+      read_now(ARGV[base + 2]), tonumber(ARGV[base + 3]))
+    j = j + 1
+  end
+end
+while j <= count do
+  local ok, err = pcall(run)
+  if not ok then
+    replies[j] = {-1, type(err) == 'table' and tostring(err.err) or tostring(err)}
+    j = j + 1
   end
 end
 return replies

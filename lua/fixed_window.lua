@@ -1,6 +1,17 @@
 -- Fixed window: twin of src/algorithm/fixed_window.rs. Part of the charge,
 -- refund and status scripts (see lua/charge.lua for KEYS, ARGV and replies).
 --
+-- Every algorithm file defines the same functions, on `v`, a policy's HMGET
+-- values, where this quota's fields start at v[q.first]:
+--   read(q, v, now) -> st        the state at `now`
+--   fits(q, st, cost) -> bool    whether `cost` is admitted
+--   reply(q, st, cost, out)      appends the reply block to `out`
+--   write(q, st, cost, now, set) appends the changed fields and values of an
+--                                admitted charge to `set`; returns the state's
+--                                expiry and whether it may have moved (else
+--                                the key's PEXPIREAT is already right)
+--   refund(q, v, id, now, cost, set)
+--
 -- Quota arguments: q.a = limit, q.b = window (ms).
 -- Hash fields: <prefix>c = units charged in the window, <prefix>r = the
 -- window's stored reset (Unix ms). A window whose reset has passed is
@@ -9,27 +20,40 @@
 local fixed_window = {suffixes = {'c', 'r'}}
 
 function fixed_window.read(q, v, now)
-  local c, r = tonumber(v[1]), tonumber(v[2])
+  local c, r = tonumber(v[q.first]), tonumber(v[q.first + 1])
   if c == nil or r == nil or r <= now then
-    c = 0
-    r = now + q.b
+    return {c = 0, r = now + q.b, fresh = true}
   end
-  return {c = c, r = r, reply = {c, r}}
+  return {c = c, r = r}
 end
 
 function fixed_window.fits(q, st, cost)
   return cost <= q.a and st.c + cost <= q.a
 end
 
--- Appends the fields of an admitted charge to `set`; returns the state's expiry.
+function fixed_window.reply(q, st, cost, out)
+  local n = #out
+  out[n + 1] = st.c
+  out[n + 2] = st.r
+end
+
+-- Within a window only the count changes; a new window also stores its
+-- reset, and moves the key's expiry (the charge that opened the window set
+-- it for the rest of it).
 function fixed_window.write(q, st, cost, now, set)
-  push(set, q.f.c, st.c + cost, q.f.r, st.r)
-  return st.r
+  local n = #set
+  set[n + 1] = q.f.c
+  set[n + 2] = st.c + cost
+  if st.fresh then
+    set[n + 3] = q.f.r
+    set[n + 4] = st.r
+  end
+  return st.r, st.fresh
 end
 
 -- A refund reaches only the window charged (its reset is `id`), never below zero.
 function fixed_window.refund(q, v, id, now, cost, set)
-  local c, r = tonumber(v[1]), tonumber(v[2])
+  local c, r = tonumber(v[q.first]), tonumber(v[q.first + 1])
   if c ~= nil and r ~= nil and r == id and r > now then
     push(set, q.f.c, math.max(c - cost, 0))
   end

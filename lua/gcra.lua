@@ -1,5 +1,6 @@
 -- GCRA: twin of src/algorithm/gcra.rs. Part of the charge, refund and status
--- scripts (see lua/charge.lua for KEYS, ARGV and replies).
+-- scripts (see lua/charge.lua for KEYS, ARGV and replies; lua/fixed_window.lua
+-- for the functions every algorithm file defines).
 --
 -- Quota arguments: a rate (see lua/rate.lua): q.a = unit, q.b = per_ms,
 -- q.c = capacity.
@@ -14,34 +15,44 @@ local function gcra_backlog(q, tat, f, now)
 end
 
 function gcra.read(q, v, now)
-  local tat, f = tonumber(v[1]), tonumber(v[2])
+  local tat, f = tonumber(v[q.first]), tonumber(v[q.first + 1])
   if tat == nil or f == nil then
     tat = now
     f = 0
   end
-  return {d = gcra_backlog(q, tat, f, now), reply = {tat, f}}
+  return {d = gcra_backlog(q, tat, f, now), tat = tat, f = f}
 end
 
 function gcra.fits(q, st, cost)
   return rate_fits(q, st.d, cost)
 end
 
+function gcra.reply(q, st, cost, out)
+  local n = #out
+  out[n + 1] = st.tat
+  out[n + 2] = st.f
+end
+
 -- Stores the TAT `after` fine units past `now`; returns when it is reached.
 local function gcra_set(q, now, after, set)
   local f = math.fmod(after, q.b)
   local tat = now + (after - f) / q.b
-  push(set, q.f.t, tat, q.f.f, f)
+  local n = #set
+  set[n + 1] = q.f.t
+  set[n + 2] = tat
+  set[n + 3] = q.f.f
+  set[n + 4] = f
   return tat + (f > 0 and 1 or 0)
 end
 
 function gcra.write(q, st, cost, now, set)
-  return gcra_set(q, now, st.d + cost * q.a, set)
+  return gcra_set(q, now, st.d + cost * q.a, set), true
 end
 
 -- Only while the charge is the latest (the TAT is still the one it made):
 -- one timestamp cannot tell when later charges happened.
 function gcra.refund(q, v, id, now, cost, set)
-  local tat, f = tonumber(v[1]), tonumber(v[2])
+  local tat, f = tonumber(v[q.first]), tonumber(v[q.first + 1])
   if tat == nil or f == nil or tat + (f > 0 and 1 or 0) ~= id then return end
   local d = gcra_backlog(q, tat, f, now)
   local give = rate_refundable(q, d, cost)

@@ -62,12 +62,3 @@ local function bind_logs(quotas, k)
   end
   return k
 end
-
--- The HMGET values of quota q's fields.
-local function quota_vals(q, vals)
-  local v = {}
-  for i = 1, #q.alg.suffixes do
-    v[i] = vals[q.first + i - 1]
-  end
-  return v
-end

@@ -21,7 +21,7 @@ bind_logs(quotas, 2)
 local vals = redis.call('HMGET', KEYS[1], unpack(quota_fields(quotas)))
 local set = {}
 for _, q in ipairs(quotas) do
-  q.alg.refund(q, quota_vals(q, vals), q.id, now, cost, set)
+  q.alg.refund(q, vals, q.id, now, cost, set)
 end
 if #set > 0 then
   redis.call('HSET', KEYS[1], unpack(set))

@@ -1,5 +1,6 @@
 -- Sliding log: twin of src/algorithm/sliding_log.rs. Part of the charge,
--- refund and status scripts (see lua/charge.lua for KEYS, ARGV and replies).
+-- refund and status scripts (see lua/charge.lua for KEYS, ARGV and replies;
+-- lua/fixed_window.lua for the functions every algorithm file defines).
 --
 -- Quota arguments: q.a = limit (at most 10,000), q.b = window (ms).
 -- State: the hash field <prefix>n = total cost logged, and the log itself,
@@ -22,7 +23,7 @@ end
 
 function sliding_log.read(q, v, now)
   local cutoff = now - q.b
-  local total = tonumber(v[1]) or 0
+  local total = tonumber(v[q.first]) or 0
   local expired = redis.call('ZRANGEBYSCORE', q.key, '-inf', cutoff)
   for _, m in ipairs(expired) do
     total = total - entry_cost(m)
@@ -88,9 +89,9 @@ function sliding_log.write(q, st, cost, now, set)
     end
     if newest == nil or now > newest then newest = now end
   end
-  if newest == nil then return 0 end
+  if newest == nil then return 0, true end
   redis.call('PEXPIREAT', q.key, newest + q.b + 1000)
-  return newest + q.b
+  return newest + q.b, true
 end
 
 -- Takes up to `cost` back from the entry logged at `id`, if it is still there.
@@ -108,5 +109,5 @@ function sliding_log.refund(q, v, id, now, cost, set)
     redis.call('ZADD', q.key, id, entry(id, c - give))
   end
   redis.call('ZREM', q.key, found[1])
-  push(set, q.f.n, math.max((tonumber(v[1]) or 0) - give, 0))
+  push(set, q.f.n, math.max((tonumber(v[q.first]) or 0) - give, 0))
 end

@@ -13,11 +13,6 @@ bind_logs(quotas, 2)
 local vals = redis.call('HMGET', KEYS[1], unpack(quota_fields(quotas)))
 local out = {1, now}
 for _, q in ipairs(quotas) do
-  local st = q.alg.read(q, quota_vals(q, vals), now)
-  if q.alg.reply then
-    q.alg.reply(q, st, 0, out)
-  else
-    push(out, unpack(st.reply))
-  end
+  q.alg.reply(q, q.alg.read(q, vals, now), 0, out)
 end
 return out

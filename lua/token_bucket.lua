@@ -1,5 +1,6 @@
 -- Token bucket: twin of src/algorithm/token_bucket.rs. Part of the charge,
--- refund and status scripts (see lua/charge.lua for KEYS, ARGV and replies).
+-- refund and status scripts (see lua/charge.lua for KEYS, ARGV and replies;
+-- lua/fixed_window.lua for the functions every algorithm file defines).
 --
 -- Quota arguments: a rate (see lua/rate.lua): q.a = unit, q.b = per_ms,
 -- q.c = capacity.
@@ -15,29 +16,39 @@ local function tb_backlog(q, l, t, now)
 end
 
 function token_bucket.read(q, v, now)
-  local l, t = tonumber(v[1]), tonumber(v[2])
+  local l, t = tonumber(v[q.first]), tonumber(v[q.first + 1])
   if l == nil or t == nil then
     l = q.c
     t = now
   end
   local at, d = tb_backlog(q, l, t, now)
-  return {at = at, d = d, reply = {l, t}}
+  return {at = at, d = d, l = l, t = t}
 end
 
 function token_bucket.fits(q, st, cost)
   return rate_fits(q, st.d, cost)
 end
 
+function token_bucket.reply(q, st, cost, out)
+  local n = #out
+  out[n + 1] = st.l
+  out[n + 2] = st.t
+end
+
 function token_bucket.write(q, st, cost, now, set)
   local after = st.d + cost * q.a
-  push(set, q.f.l, q.c - after, q.f.t, st.at)
-  return st.at + ceil_div(after, q.b)
+  local n = #set
+  set[n + 1] = q.f.l
+  set[n + 2] = q.c - after
+  set[n + 3] = q.f.t
+  set[n + 4] = st.at
+  return st.at + ceil_div(after, q.b), true
 end
 
 -- Gives back the part of the charge not refilled yet, only while that charge
 -- is the bucket's last change (it would still be full again at `id`).
 function token_bucket.refund(q, v, id, now, cost, set)
-  local l, t = tonumber(v[1]), tonumber(v[2])
+  local l, t = tonumber(v[q.first]), tonumber(v[q.first + 1])
   if l == nil or t == nil or t + ceil_div(q.c - math.min(q.c, l), q.b) ~= id then return end
   local at, d = tb_backlog(q, l, t, now)
   local give = rate_refundable(q, d, cost)
