@@ -58,3 +58,5 @@ function fixed_window.refund(q, v, id, now, cost, set)
     push(set, q.f.c, math.max(c - cost, 0))
   end
 end
+
+algorithms.fw = fixed_window

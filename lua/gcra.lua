@@ -60,3 +60,5 @@ function gcra.refund(q, v, id, now, cost, set)
     gcra_set(q, now, d - give, set)
   end
 end
+
+algorithms.gc = gcra

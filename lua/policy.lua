@@ -1,14 +1,6 @@
 -- Reading a policy's quotas from ARGV; assembled after the algorithm files,
 -- before the script's own file (see lua/prelude.lua).
 
-local algorithms = {
-  fw = fixed_window,
-  tb = token_bucket,
-  sw = sliding_window,
-  gc = gcra,
-  sl = sliding_log,
-}
-
 -- The policy at ARGV[at]: its number of quotas n, then `stride` arguments
 -- per quota: algorithm code, field prefix (algorithm and window, e.g.
 -- "tb60000"), a, b, c (see each algorithm's file) and, with a stride of 6,

@@ -2,6 +2,10 @@
 -- assembled as: this file, lua/rate.lua, one file per algorithm, lua/policy.lua,
 -- then the script's own file (lua/charge.lua, lua/refund.lua, lua/status.lua).
 -- Every number handled is an integer below 2^53, exact in a Lua double.
+-- A script carries only the algorithms its batch uses (src/store/redis/scripts.rs):
+-- each algorithm file registers itself here under its code.
+
+local algorithms = {}
 
 local function push(t, ...)
   local n = #t

@@ -111,3 +111,5 @@ function sliding_log.refund(q, v, id, now, cost, set)
   redis.call('ZREM', q.key, found[1])
   push(set, q.f.n, math.max((tonumber(v[q.first]) or 0) - give, 0))
 end
+
+algorithms.sl = sliding_log

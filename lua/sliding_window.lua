@@ -66,3 +66,5 @@ function sliding_window.refund(q, v, id, now, cost, set)
     push(set, q.f.p, math.max(p - cost, 0))
   end
 end
+
+algorithms.sw = sliding_window

@@ -56,3 +56,5 @@ function token_bucket.refund(q, v, id, now, cost, set)
     push(set, q.f.l, q.c - (d - give), q.f.t, at)
   end
 end
+
+algorithms.tb = token_bucket

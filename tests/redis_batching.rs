@@ -164,7 +164,8 @@ async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision
     let server = RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     let now = SystemClock.now_ms();
-    warm(&store, now).await;
+    // Connections open and the script for these algorithms loaded.
+    Crowd::new("warm").run(&store, now).await;
 
     let monitor = server.monitor();
     let decisions = Crowd::new("crowd").run(&store, now).await;

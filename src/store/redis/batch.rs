@@ -82,7 +82,6 @@ fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 /// The script call for `jobs`: each distinct policy once, then per request its
 /// policy's index, time and cost; keys in request order.
 pub(crate) fn invocation<'a>(jobs: impl Iterator<Item = &'a Job> + Clone) -> ScriptInvocation<'static> {
-    let mut inv = scripts::CHARGE.prepare_invoke();
     let mut policies: SmallVec<[&Policy; 4]> = SmallVec::new();
     let mut index: SmallVec<[usize; MAX_BATCH]> = SmallVec::new();
     for job in jobs.clone() {
@@ -95,6 +94,11 @@ pub(crate) fn invocation<'a>(jobs: impl Iterator<Item = &'a Job> + Clone) -> Scr
         };
         index.push(i + 1);
     }
+    let algorithms = policies
+        .iter()
+        .flat_map(|p| p.quotas())
+        .fold(0, |set, q| set | scripts::bit(q.algorithm()));
+    let mut inv = scripts::charge(algorithms).prepare_invoke();
     inv.arg(policies.len());
     for p in &policies {
         inv.arg(p.quotas().len());

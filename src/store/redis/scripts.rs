@@ -1,12 +1,76 @@
 //! Every Lua script, loaded once from `lua/` and run with `EVALSHA` (reloaded
 //! transparently after `NOSCRIPT`: a restarted or `SCRIPT FLUSH`ed Redis).
 //!
-//! Each script is assembled at compile time from the shared prelude, one file
-//! per algorithm (each the twin of its `src/algorithm/*.rs`) and the script's
-//! own file, so a policy mixing algorithms is still charged in one call.
+//! Each script is assembled from the shared prelude, one file per algorithm
+//! (each the twin of its `src/algorithm/*.rs`) and the script's own file, so
+//! a policy mixing algorithms is still charged in one call. The charge script
+//! carries only the algorithms its batch uses ([`charge`]): Redis runs a
+//! script's whole top level (every function definition) on each call, so a
+//! fixed-window batch does not pay for the other four algorithms.
 
+use crate::quota::Algorithm;
 use deadpool_redis::redis::Script;
 use std::sync::LazyLock;
+
+const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
+const RATE: &str = include_str!("../../../lua/rate.lua");
+const POLICY: &str = include_str!("../../../lua/policy.lua");
+const CHARGE_OWN: &str = include_str!("../../../lua/charge.lua");
+/// Each algorithm's file, in registration order, with the bit [`charge`] keys it by.
+const ALGORITHMS: [(Algorithm, &str); 5] = [
+    (
+        Algorithm::FixedWindow,
+        include_str!("../../../lua/fixed_window.lua"),
+    ),
+    (
+        Algorithm::TokenBucket,
+        include_str!("../../../lua/token_bucket.lua"),
+    ),
+    (
+        Algorithm::SlidingWindow,
+        include_str!("../../../lua/sliding_window.lua"),
+    ),
+    (Algorithm::Gcra, include_str!("../../../lua/gcra.lua")),
+    (
+        Algorithm::SlidingLog,
+        include_str!("../../../lua/sliding_log.lua"),
+    ),
+];
+
+/// The bit of `algorithm` in a set of algorithms (see [`charge`]).
+pub(crate) fn bit(algorithm: Algorithm) -> usize {
+    1 << ALGORITHMS
+        .iter()
+        .position(|(a, _)| *a == algorithm)
+        .expect("every algorithm has a file")
+}
+
+/// The charge script's source for the algorithms in the set `algorithms`.
+pub(crate) fn charge_source(algorithms: usize) -> String {
+    let mut src = String::from(PRELUDE);
+    if algorithms & (bit(Algorithm::TokenBucket) | bit(Algorithm::Gcra)) != 0 {
+        src.push_str(RATE);
+    }
+    for (a, file) in ALGORITHMS {
+        if algorithms & bit(a) != 0 {
+            src.push_str(file);
+        }
+    }
+    src.push_str(POLICY);
+    src.push_str(CHARGE_OWN);
+    src
+}
+
+/// Charges a batch of requests (`lua/charge.lua`) whose policies use only the
+/// algorithms in the set `algorithms` (bits from [`bit`]).
+pub(crate) fn charge(algorithms: usize) -> &'static Script {
+    static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
+        (0..1 << ALGORITHMS.len())
+            .map(|set| Script::new(&charge_source(set)))
+            .collect()
+    });
+    &SCRIPTS[algorithms & ((1 << ALGORITHMS.len()) - 1)]
+}
 
 macro_rules! script {
     ($own:literal) => {
@@ -23,10 +87,6 @@ macro_rules! script {
         )
     };
 }
-
-/// Charges every quota of a policy, all or nothing (`lua/charge.lua`).
-pub(crate) static CHARGE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(script!("../../../lua/charge.lua")));
 
 /// Refunds a charge to the state it was charged to (`lua/refund.lua`).
 pub(crate) static REFUND: LazyLock<Script> =
