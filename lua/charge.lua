@@ -22,13 +22,16 @@
 -- expiry when it may have moved (a fixed window's expiry is set by the charge
 -- that opens it). A rejection writes nothing.
 --
--- Returns one reply per request, in order: {allowed (1/0), now, block_1, ...,
--- block_n}, each quota's state as read, before this request's charge (block
--- layouts in the algorithm files), from which the application derives every
--- header; or {-1, message} when that request alone failed (e.g. its key
--- holds another type): the other requests of the batch are unaffected.
+-- Returns one flat array, per request in order: k, then k numbers {allowed
+-- (1/0), now, block_1, ..., block_n}, each quota's state as read, before this
+-- request's charge (block layouts in the algorithm files), from which the
+-- application derives every header; or -1 and a message when that request
+-- alone failed (e.g. its key holds another type): the other requests of the
+-- batch are unaffected. (Flat, so the application parses no nested arrays.)
 
-local function charge_one(hash, quotas, fields, now, cost)
+-- Appends one request's reply to `out`: its length, then allowed, now and
+-- each quota's block.
+local function charge_one(hash, quotas, fields, now, cost, out)
   local vals = redis.call('HMGET', hash, unpack(fields))
   local allowed = 1
   for i = 1, #quotas do
@@ -37,7 +40,11 @@ local function charge_one(hash, quotas, fields, now, cost)
     if not q.alg.fits(q, q.st, cost) then allowed = 0 end
   end
 
-  local out = {0, now}
+  -- Length and decision are filled in at the end (no holes: # must stay exact).
+  local start = #out + 1
+  out[start] = 0
+  out[start + 1] = 0
+  out[start + 2] = now
   for i = 1, #quotas do
     local q = quotas[i]
     q.alg.reply(q, q.st, cost, out)
@@ -57,8 +64,8 @@ local function charge_one(hash, quotas, fields, now, cost)
       redis.call('PEXPIREAT', hash, math.max(latest, now) + 1000)
     end
   end
-  out[1] = allowed
-  return out
+  out[start] = #out - start
+  out[start + 1] = allowed
 end
 
 local policies = {}
@@ -70,26 +77,30 @@ for i = 1, tonumber(ARGV[1]) do
 end
 
 -- One pcall for the whole batch, not one per request: when request j fails,
--- it alone gets the error and the loop resumes at j + 1.
+-- its partial reply is taken back, it alone gets the error, and the loop
+-- resumes at j + 1.
 local count = tonumber(ARGV[at])
-local replies = {}
-local j, k = 1, 1
+local out = {}
+local j, k, mark = 1, 1, 0
 local function run()
   while j <= count do
+    mark = #out
     local base = at + 3 * (j - 1)
     local pol = policies[tonumber(ARGV[base + 1])]
     local hash = KEYS[k]
     k = bind_logs(pol.quotas, k + 1)
-    replies[j] = charge_one(hash, pol.quotas, pol.fields,
-      read_now(ARGV[base + 2]), tonumber(ARGV[base + 3]))
+    charge_one(hash, pol.quotas, pol.fields, read_now(ARGV[base + 2]),
+      tonumber(ARGV[base + 3]), out)
     j = j + 1
   end
 end
 while j <= count do
   local ok, err = pcall(run)
   if not ok then
-    replies[j] = {-1, type(err) == 'table' and tostring(err.err) or tostring(err)}
+    for i = #out, mark + 1, -1 do out[i] = nil end
+    out[mark + 1] = -1
+    out[mark + 2] = type(err) == 'table' and tostring(err.err) or tostring(err)
     j = j + 1
   end
 end
-return replies
+return out

@@ -123,7 +123,13 @@ impl Crowd {
         let mut calls = Vec::new();
         for _round in 0..10 {
             for c in 0..20 {
-                calls.push(charge(store, &self.ns, &self.keys[c], &self.policies[c], now));
+                calls.push(charge(
+                    store,
+                    &self.ns,
+                    &self.keys[c],
+                    &self.policies[c],
+                    now,
+                ));
             }
         }
         join_all(calls)
@@ -151,7 +157,10 @@ impl Crowd {
             got.sort_unstable();
             let quota = if c < 10 { 7 } else { 5 };
             let want: Vec<u64> = (0..quota).collect();
-            assert_eq!(got, want, "client {c}: remaining values of its admitted requests");
+            assert_eq!(
+                got, want,
+                "client {c}: remaining values of its admitted requests"
+            );
         }
     }
 }
@@ -248,8 +257,14 @@ async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
     let kept: Vec<Key> = (0..10).map(|i| Key::new(format!("kept{i}"))).collect();
     let gone: Vec<Key> = (0..50).map(|i| Key::new(format!("gone{i}"))).collect();
 
-    let mut kept_calls: Vec<_> = kept.iter().map(|k| Box::pin(charge(&store, &ns, k, &p, now))).collect();
-    let mut gone_calls: Vec<_> = gone.iter().map(|k| Box::pin(charge(&store, &ns, k, &p, now))).collect();
+    let mut kept_calls: Vec<_> = kept
+        .iter()
+        .map(|k| Box::pin(charge(&store, &ns, k, &p, now)))
+        .collect();
+    let mut gone_calls: Vec<_> = gone
+        .iter()
+        .map(|k| Box::pin(charge(&store, &ns, k, &p, now)))
+        .collect();
     // Poll each once: all are queued, none sent yet (the runners have not run).
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     for f in kept_calls.iter_mut().chain(gone_calls.iter_mut()) {
@@ -261,7 +276,10 @@ async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
         assert_eq!(d.unwrap().statuses()[0].remaining, 9);
     }
     for k in &kept {
-        assert_eq!(server.cmd(&["EXISTS", &store.redis_key(&ns, k)]).as_int(), 1);
+        assert_eq!(
+            server.cmd(&["EXISTS", &store.redis_key(&ns, k)]).as_int(),
+            1
+        );
     }
     for k in &gone {
         assert_eq!(
@@ -285,13 +303,22 @@ async fn one_requests_failure_inside_a_batch_leaves_the_others_decided() {
     let p = fixed(10);
     let keys: Vec<Key> = (0..40).map(|i| Key::new(format!("c{i}"))).collect();
     // Someone else's string sits where client 7's hash would be.
-    server.cmd(&["SET", &store.redis_key(&ns, &keys[7]), "not a hash", "EX", "60"]);
+    server.cmd(&[
+        "SET",
+        &store.redis_key(&ns, &keys[7]),
+        "not a hash",
+        "EX",
+        "60",
+    ]);
 
     let monitor = server.monitor();
     let results = join_all(keys.iter().map(|k| charge(&store, &ns, k, &p, now))).await;
     let seen = monitor.stop();
 
-    assert!(script_calls(&seen).iter().any(|e| requests_in(e) > 1), "the requests were batched");
+    assert!(
+        script_calls(&seen).iter().any(|e| requests_in(e) > 1),
+        "the requests were batched"
+    );
     for (i, r) in results.into_iter().enumerate() {
         if i == 7 {
             let e = r.unwrap_err();
@@ -309,7 +336,10 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
         return;
     }
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).connections(1).build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .connections(1)
+        .build()
+        .unwrap();
     let now = SystemClock.now_ms();
     warm(&store, now).await;
     let ns = Namespace::new("cap");
@@ -319,7 +349,11 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
     let results = join_all((0..4_100).map(|_| charge(&store, &ns, &key, &p, now))).await;
     let refused: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert_eq!(refused.len(), 4);
-    assert!(refused.iter().all(|e| e.kind() == "unavailable"), "{:?}", refused[0]);
+    assert!(
+        refused.iter().all(|e| e.kind() == "unavailable"),
+        "{:?}",
+        refused[0]
+    );
     let admitted = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(admitted, 4_096);
     let count = server.cmd(&["HGET", &store.redis_key(&ns, &key), "fw60000c"]);

@@ -26,11 +26,12 @@
 //!   fails at once rather than queueing behind a stalled Redis.
 
 use super::connection::{breaks_connection, redis_error, Call, Lanes};
+use super::keys::HashKey;
 use super::{reply, scripts};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::quota::Policy;
-use deadpool_redis::redis::{FromRedisValue, ScriptInvocation, Value};
+use deadpool_redis::redis::{self, Cmd, FromRedisValue, Script, Value};
 use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
@@ -45,25 +46,15 @@ pub(crate) const MAX_QUEUED: usize = 4096;
 /// One request's charge.
 pub(crate) struct Job {
     /// The client's hash key.
-    pub(crate) hash_key: String,
+    pub(crate) hash_key: HashKey,
     pub(crate) policy: Policy,
     /// Unix ms from the application's clock; `None` = Redis `TIME`.
     pub(crate) now: Option<u64>,
     pub(crate) cost: u64,
 }
 
-/// One request's part of a batch reply: `{allowed, now, blocks...}`.
-type Raw = Result<Vec<i64>, StoreError>;
-
 /// The answer to one request.
 pub(crate) type JobReply = Result<Decision, StoreError>;
-
-impl Job {
-    /// The decision from this job's part of a batch reply.
-    pub(crate) fn decide(&self, raw: Raw) -> JobReply {
-        reply::decode(&self.policy, Some(self.cost), self.now, &raw?)
-    }
-}
 
 type Waiting = (Job, oneshot::Sender<JobReply>);
 
@@ -79,12 +70,14 @@ fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     q.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The script call for `jobs`: each distinct policy once, then per request its
-/// policy's index, time and cost; keys in request order.
-pub(crate) fn invocation<'a>(jobs: impl Iterator<Item = &'a Job> + Clone) -> ScriptInvocation<'static> {
+/// The `EVALSHA` for `jobs` and the script it runs: each distinct policy once,
+/// then per request its policy's index, time and cost; keys in request order.
+/// Arguments are written straight into the command's one buffer.
+pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
     let mut policies: SmallVec<[&Policy; 4]> = SmallVec::new();
     let mut index: SmallVec<[usize; MAX_BATCH]> = SmallVec::new();
-    for job in jobs.clone() {
+    let mut keys = 0;
+    for job in jobs {
         let i = match policies.iter().position(|p| **p == job.policy) {
             Some(i) => i,
             None => {
@@ -93,53 +86,78 @@ pub(crate) fn invocation<'a>(jobs: impl Iterator<Item = &'a Job> + Clone) -> Scr
             }
         };
         index.push(i + 1);
+        keys += reply::key_count(&job.policy);
     }
     let algorithms = policies
         .iter()
         .flat_map(|p| p.quotas())
         .fold(0, |set, q| set | scripts::bit(q.algorithm()));
-    let mut inv = scripts::charge(algorithms).prepare_invoke();
-    inv.arg(policies.len());
+    let script = scripts::charge(algorithms);
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    for job in jobs {
+        reply::keys(&mut cmd, &job.hash_key, &job.policy);
+    }
+    cmd.arg(policies.len());
     for p in &policies {
-        inv.arg(p.quotas().len());
+        cmd.arg(p.quotas().len());
         for q in p.quotas() {
-            reply::quota_args(&mut inv, q);
+            reply::quota_args(&mut cmd, q);
         }
     }
-    inv.arg(index.len());
-    for (job, i) in jobs.zip(index) {
-        reply::keys(&mut inv, &job.hash_key, &job.policy);
+    cmd.arg(jobs.len());
+    for (job, i) in jobs.iter().zip(index) {
+        cmd.arg(i);
         match job.now {
-            Some(now) => inv.arg(i).arg(now).arg(job.cost),
-            None => inv.arg(i).arg("").arg(job.cost),
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
         };
+        cmd.arg(job.cost);
     }
-    inv
+    (script, cmd)
 }
 
-/// Splits a batch reply into one reply per request.
-pub(crate) fn split(reply: Vec<Value>, n: usize) -> Result<Vec<Raw>, StoreError> {
-    if reply.len() != n {
-        return Err(StoreError::Protocol(format!(
-            "the charge script answered {} requests of a batch of {n}",
-            reply.len()
-        )));
-    }
-    Ok(reply.into_iter().map(one).collect())
-}
-
-fn one(v: Value) -> Raw {
-    if let Value::Array(items) = &v {
-        if let [Value::Int(-1), msg] = items.as_slice() {
-            let message = String::from_redis_value_ref(msg).unwrap_or_default();
-            return Err(StoreError::Response {
-                code: message.split_whitespace().next().map(str::to_owned),
-                message,
-            });
+/// Each request's answer from the script's flat reply: per request, `k` and
+/// its `k` numbers, or `-1` and an error message (see lua/charge.lua).
+pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, StoreError> {
+    let bad = |why: &str| StoreError::Protocol(format!("charge script reply: {why}"));
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut at = 0;
+    for job in jobs {
+        match reply.get(at) {
+            Some(Value::Int(-1)) => {
+                let message = reply
+                    .get(at + 1)
+                    .and_then(|m| String::from_redis_value_ref(m).ok())
+                    .unwrap_or_default();
+                out.push(Err(StoreError::Response {
+                    code: message.split_whitespace().next().map(str::to_owned),
+                    message,
+                }));
+                at += 2;
+            }
+            Some(Value::Int(k)) => {
+                let k = usize::try_from(*k).map_err(|_| bad("a negative length"))?;
+                let block = reply
+                    .get(at + 1..at + 1 + k)
+                    .ok_or_else(|| bad("cut short"))?;
+                let nums = block
+                    .iter()
+                    .map(|v| match v {
+                        Value::Int(n) => Ok(*n),
+                        other => Err(bad(&format!("{other:?} is not a number"))),
+                    })
+                    .collect::<Result<SmallVec<[i64; 16]>, _>>()?;
+                out.push(reply::decode(&job.policy, Some(job.cost), job.now, &nums));
+                at += 1 + k;
+            }
+            _ => return Err(bad("fewer answers than requests")),
         }
     }
-    Vec::<i64>::from_redis_value(v)
-        .map_err(|e| StoreError::Protocol(format!("rate-limit script reply: {e}")))
+    if at != reply.len() {
+        return Err(bad("more answers than requests"));
+    }
+    Ok(out)
 }
 
 impl Lanes {
@@ -176,17 +194,20 @@ impl Lanes {
         rx
     }
 
-    /// Sends one batch on lane `lane`: one reply per job, or the call's error.
-    async fn send_batch(&self, lane: usize, jobs: &[Job]) -> Result<Vec<Raw>, StoreError> {
-        let inv = invocation(jobs.iter());
+    /// Sends one batch on lane `lane`: one answer per job, or the call's error.
+    async fn send_batch(&self, lane: usize, jobs: &[Job]) -> Result<Vec<JobReply>, StoreError> {
+        let (script, cmd) = command(jobs);
         let mut conn = self.get_lane(lane).await?;
-        let reply: Vec<Value> = Call::Script(&inv).send(&mut conn).await.map_err(|e| {
-            if breaks_connection(&e) {
-                self.discard(lane);
-            }
-            redis_error(e)
-        })?;
-        split(reply, jobs.len())
+        let reply: Vec<Value> = Call::Eval { script, cmd: &cmd }
+            .send(&mut conn)
+            .await
+            .map_err(|e| {
+                if breaks_connection(&e) {
+                    self.discard(lane);
+                }
+                redis_error(e)
+            })?;
+        answers(&reply, jobs)
     }
 }
 
@@ -232,8 +253,8 @@ async fn run(lanes: Arc<Lanes>, lane: usize) {
         }
         match lanes.send_batch(lane, &jobs).await {
             Ok(replies) => {
-                for ((job, tx), r) in jobs.iter().zip(senders).zip(replies) {
-                    let _ = tx.send(job.decide(r));
+                for (tx, r) in senders.into_iter().zip(replies) {
+                    let _ = tx.send(r);
                 }
             }
             Err(e) => {

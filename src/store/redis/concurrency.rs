@@ -6,6 +6,7 @@ use crate::concurrency::{Acquire, Occupancy, Release, SlotStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Namespace, StoreFuture};
+use deadpool_redis::redis;
 
 impl RedisStore {
     /// The Redis key holding `key`'s concurrency slots for the limiter
@@ -54,9 +55,12 @@ impl SlotStore for RedisStore {
     fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
         let (now, sent_now) = self.now_arg(call.now_ms);
         let (slots, tombstones) = self.slot_keys(call.namespace, call.key);
-        let mut inv = scripts::CONCURRENCY_ACQUIRE.prepare_invoke();
-        inv.key(slots)
-            .key(tombstones)
+        let script = &*scripts::CONCURRENCY_ACQUIRE;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(2)
+            .arg(slots)
+            .arg(tombstones)
             .arg(now)
             .arg(call.lease.as_millis() as u64)
             .arg(call.limit)
@@ -64,7 +68,7 @@ impl SlotStore for RedisStore {
         let inner = self.inner.clone();
         let budget = call.timeout;
         StoreFuture::pending(async move {
-            let reply: Vec<i64> = invoke(&inner.primary, &inv, budget).await?;
+            let reply: Vec<i64> = invoke(&inner.primary, script, &cmd, budget).await?;
             decode(sent_now, &reply)
         })
     }
@@ -72,16 +76,19 @@ impl SlotStore for RedisStore {
     fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
         let (now, _) = self.now_arg(call.now_ms);
         let (slots, tombstones) = self.slot_keys(call.namespace, call.key);
-        let mut inv = scripts::CONCURRENCY_RELEASE.prepare_invoke();
-        inv.key(slots)
-            .key(tombstones)
+        let script = &*scripts::CONCURRENCY_RELEASE;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(2)
+            .arg(slots)
+            .arg(tombstones)
             .arg(now)
             .arg(call.lease.as_millis() as u64)
             .arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
         StoreFuture::pending(async move {
-            let _released: i64 = invoke(&inner.primary, &inv, budget).await?;
+            let _released: i64 = invoke(&inner.primary, script, &cmd, budget).await?;
             Ok(())
         })
     }

@@ -15,8 +15,7 @@ use super::batch::{Job, JobReply, Queue};
 use crate::error::StoreError;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::{
-    self, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, ScriptInvocation,
-    Value,
+    self, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Script, Value,
 };
 use deadpool_redis::{Connection, Pool};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,19 +38,33 @@ pub(crate) enum Connections {
 /// One call: a script (sent as `EVALSHA`, reloaded after `NOSCRIPT`) or a plain command.
 #[derive(Clone, Copy)]
 pub(crate) enum Call<'a> {
-    Script(&'a ScriptInvocation<'a>),
+    /// An `EVALSHA` of `script` built by the caller (arguments written
+    /// straight into one buffer, no allocation per argument).
+    Eval {
+        script: &'a Script,
+        cmd: &'a Cmd,
+    },
     Command(&'a Cmd),
 }
 
 impl Call<'_> {
-    /// Sends the call once on `conn`. `invoke_async` re-sends only after
-    /// `NOSCRIPT`, when nothing ran; any other error is returned, never retried.
+    /// Sends the call once on `conn`. A script call is re-sent only after
+    /// `NOSCRIPT`, when nothing ran (the script is loaded first); any other
+    /// error is returned, never retried.
     pub(crate) async fn send<T: FromRedisValue>(
         self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> RedisResult<T> {
         match self {
-            Call::Script(inv) => inv.invoke_async(conn).await,
+            Call::Eval { script, cmd } => match cmd.query_async(conn).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.load_async(conn).await?;
+                    cmd.query_async(conn).await
+                }
+                r => r,
+            },
             Call::Command(cmd) => cmd.query_async(conn).await,
         }
     }
@@ -72,10 +85,12 @@ impl Connections {
             }),
             #[cfg(feature = "cluster")]
             Connections::Cluster(cluster) => {
-                let inv = super::batch::invocation(std::iter::once(&job));
-                let reply: Vec<Value> = cluster.run(Call::Script(&inv)).await?;
-                let raw = super::batch::split(reply, 1)?.pop();
-                job.decide(raw.expect("split checked the length"))
+                let jobs = std::slice::from_ref(&job);
+                let (script, cmd) = super::batch::command(jobs);
+                let reply: Vec<Value> = cluster.run(Call::Eval { script, cmd: &cmd }).await?;
+                super::batch::answers(&reply, jobs)?
+                    .pop()
+                    .expect("answers checked the length")
             }
         }
     }

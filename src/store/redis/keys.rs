@@ -5,6 +5,7 @@
 use crate::key::Key;
 use crate::store::Namespace;
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
@@ -13,20 +14,30 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// `prefix` and the namespace are validated configuration (no braces); the
 /// tag is 128 bits of SHA-256, so two clients never share state by accident.
 pub(crate) fn redis_key(prefix: &str, namespace: &Namespace, key: &Key) -> String {
+    String::from_utf8(hash_key(prefix, namespace, key).to_vec())
+        .expect("prefix and namespace are validated ASCII, the tag is hex")
+}
+
+/// A Redis key as bytes, inline up to 80 bytes (no allocation per request
+/// for usual prefixes and namespaces).
+pub(crate) type HashKey = SmallVec<[u8; 80]>;
+
+/// [`redis_key`] as bytes.
+pub(crate) fn hash_key(prefix: &str, namespace: &Namespace, key: &Key) -> HashKey {
     let mut h = Sha256::new();
     h.update(namespace.name().as_bytes());
     h.update([0]);
     h.update(key.as_bytes());
     let d = h.finalize();
-    let mut s = String::with_capacity(prefix.len() + namespace.name().len() + 36);
-    s.push_str(prefix);
-    s.push_str(namespace.name());
-    s.push_str(":{");
+    let mut s = HashKey::new();
+    s.extend_from_slice(prefix.as_bytes());
+    s.extend_from_slice(namespace.name().as_bytes());
+    s.extend_from_slice(b":{");
     for b in &d[..16] {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 15) as usize] as char);
+        s.push(HEX[(b >> 4) as usize]);
+        s.push(HEX[(b & 15) as usize]);
     }
-    s.push('}');
+    s.push(b'}');
     s
 }
 

@@ -43,7 +43,6 @@ use crate::store::{Charge, Refund, Store, StoreFuture};
 use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{
     self, AsyncConnectionConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo,
-    ScriptInvocation,
 };
 use deadpool_redis::{Manager, Pool, Runtime};
 use std::fmt;
@@ -508,13 +507,14 @@ impl RedisStore {
     }
 }
 
-/// Runs one script call on `lanes` within `budget`.
+/// Runs one `EVALSHA` of `script` on `lanes` within `budget`.
 async fn invoke<T: FromRedisValue>(
     lanes: &Connections,
-    inv: &ScriptInvocation<'static>,
+    script: &'static redis::Script,
+    cmd: &redis::Cmd,
     budget: Duration,
 ) -> Result<T, StoreError> {
-    within(budget, lanes.run(Call::Script(inv))).await
+    within(budget, lanes.run(Call::Eval { script, cmd })).await
 }
 
 /// Bounds a whole call (connection, re-sends, reply) by `budget`.
@@ -529,29 +529,36 @@ async fn within<T>(
 }
 
 impl RedisStore {
-    /// A script call on `call`'s key: its keys, time, cost and every quota's arguments.
-    fn invocation(
+    /// A one-request `EVALSHA` of `script` (refund, status) on `call`'s
+    /// key: its keys, time, cost and the number of quotas.
+    fn script_cmd(
         &self,
         script: &'static redis::Script,
         call: &Charge<'_>,
         cost: u64,
-    ) -> (ScriptInvocation<'static>, Option<u64>) {
-        let (now, sent_now) = self.now_arg(call.now_ms);
-        let mut inv = script.prepare_invoke();
-        reply::keys(
-            &mut inv,
-            &self.redis_key(call.namespace, call.key),
-            call.policy,
-        );
-        inv.arg(now).arg(cost).arg(call.policy.quotas().len());
-        (inv, sent_now)
+    ) -> (redis::Cmd, Option<u64>) {
+        let sent_now = self.sent_now(call.now_ms);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(reply::key_count(call.policy));
+        reply::keys(&mut cmd, &self.hash_key(call), call.policy);
+        match sent_now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        cmd.arg(cost).arg(call.policy.quotas().len());
+        (cmd, sent_now)
+    }
+
+    fn hash_key(&self, call: &Charge<'_>) -> keys::HashKey {
+        keys::hash_key(&self.inner.prefix, call.namespace, call.key)
     }
 }
 
 impl Store for RedisStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         let job = batch::Job {
-            hash_key: self.redis_key(call.namespace, call.key),
+            hash_key: self.hash_key(call),
             policy: call.policy.clone(),
             now: self.sent_now(call.now_ms),
             cost: call.cost,
@@ -563,15 +570,15 @@ impl Store for RedisStore {
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
         let c = &call.charge;
-        let (mut inv, _) = self.invocation(&scripts::REFUND, c, c.cost);
+        let (mut cmd, _) = self.script_cmd(&scripts::REFUND, c, c.cost);
         for (q, s) in c.policy.quotas().iter().zip(call.decision.statuses()) {
-            reply::quota_args(&mut inv, q);
-            inv.arg(s.window_id);
+            reply::quota_args(&mut cmd, q);
+            cmd.arg(s.window_id);
         }
         let inner = self.inner.clone();
         let budget = c.timeout;
         StoreFuture::pending(async move {
-            let _written: i64 = invoke(&inner.primary, &inv, budget).await?;
+            let _written: i64 = invoke(&inner.primary, &scripts::REFUND, &cmd, budget).await?;
             Ok(())
         })
     }
@@ -579,9 +586,9 @@ impl Store for RedisStore {
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         // Read-only: a replica may answer. Time is the application's, as for
         // a charge (or Redis TIME); a window past its reset is discarded.
-        let (mut inv, sent_now) = self.invocation(&scripts::STATUS, call, 0);
+        let (mut cmd, sent_now) = self.script_cmd(&scripts::STATUS, call, 0);
         for q in call.policy.quotas() {
-            reply::quota_args(&mut inv, q);
+            reply::quota_args(&mut cmd, q);
         }
         let inner = self.inner.clone();
         let policy = call.policy.clone();
@@ -591,7 +598,7 @@ impl Store for RedisStore {
                 0 => &inner.primary,
                 n => &inner.replicas[inner.next_replica.fetch_add(1, Ordering::Relaxed) % n],
             };
-            let r: Vec<i64> = invoke(lanes, &inv, budget).await?;
+            let r: Vec<i64> = invoke(lanes, &scripts::STATUS, &cmd, budget).await?;
             reply::decode(&policy, None, sent_now, &r)
         })
     }

@@ -8,11 +8,11 @@ use crate::algorithm::{
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
 use crate::quota::{Algorithm, Policy, Quota};
-use deadpool_redis::redis::ScriptInvocation;
+use deadpool_redis::redis::Cmd;
 use smallvec::SmallVec;
 
 /// Adds a quota's arguments (code, field prefix, a, b, c) to a script call.
-pub(super) fn quota_args(inv: &mut ScriptInvocation<'_>, q: &Quota) {
+pub(super) fn quota_args(cmd: &mut Cmd, q: &Quota) {
     let (a, b, c) = match q.algorithm() {
         Algorithm::TokenBucket | Algorithm::Gcra => {
             let r = algorithm::rate_of(q);
@@ -20,19 +20,32 @@ pub(super) fn quota_args(inv: &mut ScriptInvocation<'_>, q: &Quota) {
         }
         _ => (q.limit(), q.window_ms(), 0),
     };
-    inv.arg(q.algorithm().code())
+    cmd.arg(q.algorithm().code())
         .arg(q.slot())
         .arg(a)
         .arg(b)
         .arg(c);
 }
 
-/// The keys a call on `hash_key` touches: the hash, then one log per sliding-log quota.
-pub(super) fn keys(inv: &mut ScriptInvocation<'_>, hash_key: &str, policy: &Policy) {
-    inv.key(hash_key);
+/// How many keys a call for `policy` touches: the hash, then one log per sliding-log quota.
+pub(super) fn key_count(policy: &Policy) -> usize {
+    1 + policy
+        .quotas()
+        .iter()
+        .filter(|q| q.algorithm() == Algorithm::SlidingLog)
+        .count()
+}
+
+/// The keys a call on `hash_key` touches: the hash, then one log per
+/// sliding-log quota (the hash's key, `:`, the quota's field prefix).
+pub(super) fn keys(cmd: &mut Cmd, hash_key: &[u8], policy: &Policy) {
+    cmd.arg(hash_key);
     for q in policy.quotas() {
         if q.algorithm() == Algorithm::SlidingLog {
-            inv.key(format!("{hash_key}:{}", q.slot()));
+            let mut log = SmallVec::<[u8; 96]>::from_slice(hash_key);
+            log.push(b':');
+            log.extend_from_slice(q.slot().as_bytes());
+            cmd.arg(&log[..]);
         }
     }
 }
