@@ -132,6 +132,19 @@ async fn run(b: &Arc<Bench>, total: u64, concurrency: usize) -> Duration {
     start.elapsed()
 }
 
+/// This process's CPU time (user + system), in seconds, from `/proc/self/stat`.
+fn own_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command (in parentheses): utime and stime are the 12th and 13th.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // CLK_TCK is 100 on Linux.
+    f.get(10).zip(f.get(11)).map_or(0.0, |(u, s)| (u + s) / 100.0)
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -176,19 +189,24 @@ fn main() {
 
     // The table: ours at each concurrency, then redis-benchmark on the same script.
     println!();
-    println!("| client | decisions/s | Redis CPU µs/decision | script calls/decision |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| client | decisions/s | Redis CPU µs/decision | script calls/decision | client CPU µs/decision |"
+    );
+    println!("|---|---:|---:|---:|---:|");
     for conc in CONCURRENCY {
         let n = 20_000 * conc.min(4) as u64;
         let (cpu0, calls0) = redis.counters();
+        let own0 = own_cpu_secs();
         let took = rt.block_on(run(&b, n, conc));
+        let own1 = own_cpu_secs();
         let (cpu1, calls1) = redis.counters();
         let n = n.div_ceil(conc as u64) * conc as u64;
         println!(
-            "| RedisStore, concurrency {conc} | {:.0} | {:.1} | {:.2} |",
+            "| RedisStore, concurrency {conc} | {:.0} | {:.1} | {:.2} | {:.1} |",
             n as f64 / took.as_secs_f64(),
             (cpu1 - cpu0) * 1e6 / n as f64,
-            (calls1 - calls0) as f64 / n as f64
+            (calls1 - calls0) as f64 / n as f64,
+            (own1 - own0) * 1e6 / n as f64
         );
     }
     // The store's own charge script as src/store/redis/scripts.rs assembles
@@ -271,7 +289,7 @@ fn main() {
                 .unwrap_or(f64::NAN);
             let decisions = n * *per_call as u64;
             println!(
-                "| redis-benchmark -c {clients} -P {pipeline}, {name} | {:.0} | {:.1} | {:.2} |",
+                "| redis-benchmark -c {clients} -P {pipeline}, {name} | {:.0} | {:.1} | {:.2} | - |",
                 calls_per_s * *per_call as f64,
                 (cpu1 - cpu0) * 1e6 / decisions as f64,
                 1.0 / *per_call as f64

@@ -5,10 +5,11 @@
 //! ```
 //!
 //! Variants: `none` (no limiter), `governor` (tower_governor, in-memory, per
-//! peer IP), `memory` and `redis` (this crate, per peer IP), `naive` (the
-//! hand-written baseline: an axum `from_fn` middleware that checks a
-//! connection out of a deadpool pool and sends one `EVALSHA` of
-//! `lua/fixed_window.lua` per request). The quota is `--limit` per `--window`
+//! peer IP), `memory` and `redis` (this crate, per peer IP), and two
+//! hand-written baselines, axum `from_fn` middlewares that send one `EVALSHA`
+//! of `benches/fixed_window_standalone.lua` per request: `naive` checks a
+//! connection out of a deadpool pool for each, `multiplexed` shares one
+//! multiplexed connection (concurrent calls are pipelined on it). The quota is `--limit` per `--window`
 //! (default: high enough that nothing is rejected). Prints exactly one line,
 //! `listening on ADDR`, once it accepts connections.
 
@@ -33,6 +34,7 @@ enum Variant {
     Memory,
     Redis,
     Naive,
+    Multiplexed,
 }
 
 #[derive(Parser, Debug)]
@@ -49,7 +51,8 @@ struct Args {
     /// Redis for the `redis` and `naive` variants.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
-    /// Multiplexed connections of the `redis` variant; pool size of `naive`.
+    /// Multiplexed connections of the `redis` variant; pool size of `naive`
+    /// (times 8).
     #[arg(long, default_value_t = 2)]
     connections: usize,
     /// Requests per window per client.
@@ -121,7 +124,22 @@ async fn serve(args: Args) {
                 .build()
                 .expect("pool");
             let naive = Arc::new(Naive {
-                pool,
+                conn: Conn::Pool(pool),
+                script: Script::new(include_str!("../benches/fixed_window_standalone.lua")),
+                limit: args.limit,
+                window_ms: window.as_millis() as u64,
+            });
+            app.layer(middleware::from_fn_with_state(naive, naive_limit))
+        }
+        Variant::Multiplexed => {
+            let client = deadpool_redis::redis::Client::open(args.redis_url.as_str())
+                .expect("redis url");
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("redis connection");
+            let naive = Arc::new(Naive {
+                conn: Conn::Shared(conn),
                 script: Script::new(include_str!("../benches/fixed_window_standalone.lua")),
                 limit: args.limit,
                 window_ms: window.as_millis() as u64,
@@ -152,12 +170,19 @@ async fn serve(args: Args) {
     .expect("serve");
 }
 
-/// The hand-written baseline: what a team writes in an afternoon.
+/// The hand-written baselines: what a team writes in an afternoon, with a
+/// connection checked out of a deadpool pool per request (`naive`), or one
+/// shared multiplexed connection that pipelines concurrent calls (`multiplexed`).
 struct Naive {
-    pool: deadpool_redis::Pool,
+    conn: Conn,
     script: Script,
     limit: u64,
     window_ms: u64,
+}
+
+enum Conn {
+    Pool(deadpool_redis::Pool),
+    Shared(deadpool_redis::redis::aio::MultiplexedConnection),
 }
 
 async fn naive_limit(
@@ -171,18 +196,21 @@ async fn naive_limit(
         .expect("clock after 1970")
         .as_millis() as u64;
     let reply: Result<Vec<i64>, String> = async {
-        let mut conn = n.pool.get().await.map_err(|e| e.to_string())?;
-        n.script
-            .key(format!("naive:{{{}}}", peer.ip()))
-            .arg(now)
+        let mut inv = n.script.key(format!("naive:{{{}}}", peer.ip()));
+        inv.arg(now)
             .arg(1)
             .arg(1)
             .arg("fw")
             .arg(n.limit)
-            .arg(n.window_ms)
-            .invoke_async(&mut *conn)
-            .await
-            .map_err(|e| e.to_string())
+            .arg(n.window_ms);
+        match &n.conn {
+            Conn::Pool(pool) => {
+                let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+                inv.invoke_async(&mut *conn).await
+            }
+            Conn::Shared(conn) => inv.invoke_async(&mut conn.clone()).await,
+        }
+        .map_err(|e| e.to_string())
     }
     .await;
     match reply {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end benchmark (issue 8): the axum hello world with no limiter, with
-# tower_governor, with this crate on memory and on Redis, and with a naive
-# per-request deadpool + EVALSHA limiter, side by side, interleaved over rounds.
+# tower_governor, with this crate on memory and on Redis, and with two
+# hand-written Redis limiters (one EVALSHA per request on a shared multiplexed
+# connection; on a connection checked out of a deadpool pool), side by side,
+# interleaved over rounds.
 #
 #   scripts/bench.sh                      # ~5 minutes with the defaults
 #   ROUNDS=2 SECS=5 FIXED_SECS=5 scripts/bench.sh   # ~2 minutes
@@ -23,7 +25,7 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
 FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
-VARIANTS=${VARIANTS:-"none governor memory redis naive"}
+VARIANTS=${VARIANTS:-"none governor memory redis multiplexed naive"}
 APP_CPU=${APP_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 
@@ -185,9 +187,11 @@ for line in open(path):
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
 med = lambda xs: st.median(xs)
-order = [v for v in ["none", "governor", "memory", "redis", "naive"] if v in sat]
+order = [v for v in ["none", "governor", "memory", "redis", "multiplexed", "naive"] if v in sat]
 names = {"none": "no limiter", "governor": "tower_governor 0.8 (memory)", "memory": "tower-ratelimit, memory",
-         "redis": "tower-ratelimit, Redis", "naive": "naive deadpool + EVALSHA per request"}
+         "redis": "tower-ratelimit, Redis",
+         "multiplexed": "one shared multiplexed connection + EVALSHA per request",
+         "naive": "naive deadpool + EVALSHA per request"}
 base = med([s[0] for s in sat["none"]]) if "none" in sat else None
 bfix = med([x[1] for x in fix["none"]]) if "none" in fix else None
 print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -c{conns} -d{secs}s; "
