@@ -14,11 +14,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each charge is one `EVALSHA` of `lua/charge.lua` (assembled with one Lua
-//! file per algorithm), which reads, decides and writes every quota of the
-//! policy atomically and returns the state the decision was made on; the
-//! headers are built from that reply only, by the same math the memory store
-//! runs. A refund is one more script call, run in the background. All of a
+//! Concurrent charges travel together: each connection sends one `EVALSHA`
+//! of `lua/charge.lua` for every charge waiting while its previous batch was
+//! in flight (an idle service sends each charge alone, at once; see
+//! [`RedisStoreBuilder::connections`]). For each request in order, the script
+//! (assembled from one Lua file per algorithm) reads, decides and writes every
+//! quota of its policy atomically and returns the state the decision was made
+//! on; the headers are built from that reply only, by the same math the
+//! memory store runs. A refund is one more script call, run in the background. All of a
 //! client's state is one hash under one key (plus, for a sliding-log quota,
 //! a sorted set sharing its hash tag), so every call touches one hash slot.
 //!
@@ -135,8 +138,17 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Multiplexed connections to the primary (default 2). Each carries many
-    /// concurrent calls, pipelined.
+    /// Multiplexed connections to the primary (default 2).
+    ///
+    /// Each connection has at most one batch of charges in flight: a charge
+    /// made while one is in flight waits for it and leaves with everything
+    /// queued behind it (up to 64 per script call), so under load Redis runs
+    /// one script call for many decisions; a charge made on an idle connection
+    /// leaves at once. More connections mean smaller batches (lower latency,
+    /// more Redis CPU per decision); one or two suit most services. Each
+    /// connection queues at most 4,096 charges; past that, charges fail at
+    /// once (per the layer's failure policy) instead of piling up behind a
+    /// stalled Redis.
     ///
     /// ```
     /// use tower_ratelimit::store::RedisStore;
