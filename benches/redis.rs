@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, Namespace, RedisStore, Store};
-use tower_ratelimit::{Policy, Quota};
+use tower_ratelimit::{Algorithm, Policy, Quota};
 
 const KEYS: u64 = 10_000;
 const WINDOW_MS: u64 = 3_600_000;
@@ -193,21 +193,46 @@ fn main() {
         "| client | decisions/s | Redis CPU µs/decision | script calls/decision | client CPU µs/decision |"
     );
     println!("|---|---:|---:|---:|---:|");
-    for conc in CONCURRENCY {
+    let row = |label: String, b: &Arc<Bench>, conc: usize| {
         let n = 20_000 * conc.min(4) as u64;
         let (cpu0, calls0) = redis.counters();
         let own0 = own_cpu_secs();
-        let took = rt.block_on(run(&b, n, conc));
+        let took = rt.block_on(run(b, n, conc));
         let own1 = own_cpu_secs();
         let (cpu1, calls1) = redis.counters();
         let n = n.div_ceil(conc as u64) * conc as u64;
         println!(
-            "| RedisStore, concurrency {conc} | {:.0} | {:.1} | {:.2} | {:.1} |",
+            "| {label} | {:.0} | {:.1} | {:.2} | {:.1} |",
             n as f64 / took.as_secs_f64(),
             (cpu1 - cpu0) * 1e6 / n as f64,
             (calls1 - calls0) as f64 / n as f64,
             (own1 - own0) * 1e6 / n as f64
         );
+    };
+    for conc in CONCURRENCY {
+        row(format!("RedisStore, concurrency {conc}"), &b, conc);
+    }
+    // Every algorithm through the store at concurrency 64 (batched calls).
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        // Within each algorithm's exact-arithmetic bounds (the sliding log's
+        // limit is capped at 10,000), and never reached here.
+        let limit = if alg == Algorithm::SlidingLog { 10_000 } else { 1 << 30 };
+        let quota = Quota::new(limit, Duration::from_millis(WINDOW_MS))
+            .and_then(|q| q.with_algorithm(alg))
+            .unwrap();
+        let ab = Arc::new(Bench {
+            store: b.store.clone(),
+            ns: Namespace::new(&format!("bench-{alg:?}")),
+            policy: Policy::new(quota),
+            keys: b.keys.clone(),
+        });
+        rt.block_on(run(&ab, 1_000, 16)); // load this algorithm's script
+        row(format!("RedisStore, concurrency 64, {alg:?}"), &ab, 64);
     }
     // The store's own charge script as src/store/redis/scripts.rs assembles
     // it for fixed-window policies, and the standalone fixed-window script the
