@@ -142,7 +142,9 @@ fn own_cpu_secs() -> f64 {
         .filter_map(|x| x.parse().ok())
         .collect();
     // CLK_TCK is 100 on Linux.
-    f.get(10).zip(f.get(11)).map_or(0.0, |(u, s)| (u + s) / 100.0)
+    f.get(10)
+        .zip(f.get(11))
+        .map_or(0.0, |(u, s)| (u + s) / 100.0)
 }
 
 fn now_ms() -> u64 {
@@ -221,7 +223,11 @@ fn main() {
     ] {
         // Within each algorithm's exact-arithmetic bounds (the sliding log's
         // limit is capped at 10,000), and never reached here.
-        let limit = if alg == Algorithm::SlidingLog { 10_000 } else { 1 << 30 };
+        let limit = if alg == Algorithm::SlidingLog {
+            10_000
+        } else {
+            1 << 30
+        };
         let quota = Quota::new(limit, Duration::from_millis(WINDOW_MS))
             .and_then(|q| q.with_algorithm(alg))
             .unwrap();

@@ -9,7 +9,9 @@
 //! hand-written baselines, axum `from_fn` middlewares that send one `EVALSHA`
 //! of `benches/fixed_window_standalone.lua` per request: `naive` checks a
 //! connection out of a deadpool pool for each, `multiplexed` shares one
-//! multiplexed connection (concurrent calls are pipelined on it). The quota is `--limit` per `--window`
+//! multiplexed connection (concurrent calls are pipelined on it). `yield` is
+//! not a limiter: a middleware that only answers asynchronously (it yields
+//! once), to see what suspending a request costs at all. The quota is `--limit` per `--window`
 //! (default: high enough that nothing is rejected). Prints exactly one line,
 //! `listening on ADDR`, once it accepts connections.
 
@@ -35,6 +37,7 @@ enum Variant {
     Redis,
     Naive,
     Multiplexed,
+    Yield,
 }
 
 #[derive(Parser, Debug)]
@@ -131,9 +134,15 @@ async fn serve(args: Args) {
             });
             app.layer(middleware::from_fn_with_state(naive, naive_limit))
         }
+        // Not a limiter: a middleware that only answers asynchronously (it
+        // yields once), the floor for any limiter that waits for a network store.
+        Variant::Yield => app.layer(middleware::from_fn(|req: Request, next: Next| async move {
+            tokio::task::yield_now().await;
+            next.run(req).await
+        })),
         Variant::Multiplexed => {
-            let client = deadpool_redis::redis::Client::open(args.redis_url.as_str())
-                .expect("redis url");
+            let client =
+                deadpool_redis::redis::Client::open(args.redis_url.as_str()).expect("redis url");
             let conn = client
                 .get_multiplexed_async_connection()
                 .await

@@ -77,7 +77,8 @@ struct Plan {
 
 impl Plan {
     fn due(&self, i: u64) -> Instant {
-        self.start + Duration::from_nanos((u128::from(i) * 1_000_000_000 / u128::from(self.rate)) as u64)
+        self.start
+            + Duration::from_nanos((u128::from(i) * 1_000_000_000 / u128::from(self.rate)) as u64)
     }
 }
 
@@ -99,8 +100,9 @@ async fn run(args: Args) {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let request: Arc<[u8]> =
-        format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\n\r\n").into_bytes().into();
+    let request: Arc<[u8]> = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\n\r\n")
+        .into_bytes()
+        .into();
     let rate = args.rate.max(1);
     let plan = Arc::new(Plan {
         next: AtomicU64::new(0),
@@ -113,7 +115,9 @@ async fn run(args: Args) {
     let mut tasks = Vec::new();
     for _ in 0..args.connections.max(1) {
         let (plan, request, authority) = (plan.clone(), request.clone(), authority.to_owned());
-        tasks.push(tokio::spawn(async move { connection(&plan, &request, &authority).await }));
+        tasks.push(tokio::spawn(async move {
+            connection(&plan, &request, &authority).await
+        }));
     }
     let mut tally = Tally::default();
     for t in tasks {

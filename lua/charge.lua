@@ -73,7 +73,8 @@ local at = 2
 for i = 1, tonumber(ARGV[1]) do
   local quotas
   quotas, at = parse_quotas(at, 5)
-  policies[i] = {quotas = quotas, fields = quota_fields(quotas)}
+  policies[i] = {quotas = quotas, fields = quota_fields(quotas),
+    alone = #quotas == 1 and quotas[1].alg.alone or nil}
 end
 
 -- One pcall for the whole batch, not one per request: when request j fails,
@@ -89,8 +90,12 @@ local function run()
     local pol = policies[tonumber(ARGV[base + 1])]
     local hash = KEYS[k]
     k = bind_logs(pol.quotas, k + 1)
-    charge_one(hash, pol.quotas, pol.fields, read_now(ARGV[base + 2]),
-      tonumber(ARGV[base + 3]), out)
+    local now, cost = read_now(ARGV[base + 2]), tonumber(ARGV[base + 3])
+    if pol.alone then
+      pol.alone(pol.quotas[1], hash, now, cost, out)
+    else
+      charge_one(hash, pol.quotas, pol.fields, now, cost, out)
+    end
     j = j + 1
   end
 end
