@@ -59,7 +59,12 @@ impl Decision {
     /// charging `cost` (in policy order). It is allowed only if every quota allows
     /// it; otherwise nothing is charged, and the statuses say so.
     pub fn from_statuses(statuses: impl IntoIterator<Item = QuotaStatus>, cost: u64) -> Self {
-        let mut statuses: SmallVec<[QuotaStatus; 2]> = statuses.into_iter().collect();
+        Self::from_status_vec(statuses.into_iter().collect(), cost)
+    }
+
+    /// As [`Decision::from_statuses`], from statuses already collected (the
+    /// memory store's hot path: no iterator adapter, no second copy).
+    pub(crate) fn from_status_vec(mut statuses: SmallVec<[QuotaStatus; 2]>, cost: u64) -> Self {
         let allowed = statuses.iter().all(|s| s.allowed);
         if !allowed {
             // All or nothing: quotas that would have admitted were not charged either.

@@ -2,14 +2,14 @@
 
 use super::{Charge, Refund, Store, StoreFuture};
 use crate::algorithm::{self, Next, State};
-use crate::decision::Decision;
+use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Quota;
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 use smallvec::SmallVec;
 use std::fmt;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// What the memory store does when a new key arrives and it already tracks
@@ -48,11 +48,35 @@ struct Inner {
     hasher: hashbrown::DefaultHashBuilder,
 }
 
-type MapKey = (u64, Key);
+/// One key's state in a shard's table, with its hash: computed once per call,
+/// it picks the shard and probes the table, and rehashing never recomputes it.
+struct Bucket {
+    hash: u64,
+    namespace: u64,
+    key: Key,
+    entry: Entry,
+}
+
+impl Bucket {
+    fn is(&self, namespace: u64, key: &Key) -> bool {
+        self.namespace == namespace && self.key.as_bytes() == key.as_bytes()
+    }
+}
+
+/// What is hashed: the namespace and the key's encoded bytes (not the unused
+/// tail of its inline buffer).
+struct HashInput<'a>(u64, &'a [u8]);
+
+impl Hash for HashInput<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0);
+        state.write(self.1);
+    }
+}
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<MapKey, Entry, hashbrown::DefaultHashBuilder>,
+    map: HashTable<Bucket>,
     /// No entry expires before this (Unix ms); a sweep before it would free nothing.
     min_expiry: u64,
     /// Inserts since the last sweep: sweeps are paid for by inserts, amortised O(1).
@@ -82,14 +106,24 @@ impl Entry {
         self.slots.iter_mut().find(|s| s.id == id)
     }
 
+    fn position(&self, id: u64) -> Option<usize> {
+        self.slots.iter().position(|s| s.id == id)
+    }
+
     fn expires_at(&self) -> u64 {
         self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
     }
 
     /// Writes an admitted charge of `cost` to quota `q`'s slot.
     fn commit(&mut self, q: &Quota, next: Next, now: u64, cost: u64) {
-        let id = slot_of(q);
-        match self.get_mut(id) {
+        let at = self.position(slot_of(q));
+        self.commit_at(at, q, next, now, cost);
+    }
+
+    /// As [`Entry::commit`], with the slot's index already known (`None`: a new slot).
+    #[inline]
+    fn commit_at(&mut self, at: Option<usize>, q: &Quota, next: Next, now: u64, cost: u64) {
+        match at.and_then(|i| self.slots.get_mut(i)) {
             Some(slot) => {
                 next.apply(Some(&mut slot.state), now, cost);
                 slot.expires_at = algorithm::expires_at(q, &slot.state);
@@ -98,7 +132,7 @@ impl Entry {
                 if let Some(state) = next.apply(None, now, cost) {
                     let expires_at = algorithm::expires_at(q, &state);
                     self.slots.push(Slot {
-                        id,
+                        id: slot_of(q),
                         expires_at,
                         state,
                     });
@@ -218,64 +252,81 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &MapKey) -> (&Mutex<Shard>, u64) {
-        let hash = self.inner.hasher.hash_one(key);
+    /// The hash of `key` in `namespace` and the shard it lives in.
+    fn locate(&self, namespace: u64, key: &Key) -> (&Mutex<Shard>, u64) {
+        let hash = self
+            .inner
+            .hasher
+            .hash_one(HashInput(namespace, key.as_bytes()));
         // High bits pick the shard; hashbrown uses the low bits within it.
         let idx = (hash >> 40) & self.inner.shard_mask;
         (&self.inner.shards[idx as usize], hash)
     }
 
     fn charge_now(&self, call: &Charge<'_>) -> Result<Decision, StoreError> {
-        let mk = (call.namespace.id(), *call.key);
-        let (shard, _) = self.shard(&mk);
+        let ns = call.namespace.id();
+        let (shard, hash) = self.locate(ns, call.key);
         let mut shard = lock(shard);
         let now = call.now_ms;
         let quotas = call.policy.quotas();
 
-        let mut next: SmallVec<[Next; 2]> = SmallVec::new();
+        let mut statuses: SmallVec<[QuotaStatus; 2]> = SmallVec::new();
+        // What each quota writes if all admit, and where its slot is.
+        let mut next: SmallVec<[(Option<usize>, Next); 2]> = SmallVec::new();
         // One lookup serves the decision and the commit (an existing key is
         // hashed and probed once per charge, not twice).
-        let mut entry = shard.map.get_mut(&mk);
-        let decision = Decision::from_statuses(
-            quotas.iter().map(|q| {
-                let state = entry
-                    .as_deref_mut()
-                    .and_then(|e| e.get_mut(slot_of(q)))
-                    .map(|s| &mut s.state);
-                let (status, n) = algorithm::charge(q, state, now, call.cost);
-                next.push(n);
-                status
-            }),
-            call.cost,
-        );
+        let mut entry = shard
+            .map
+            .find_mut(hash, |b| b.is(ns, call.key))
+            .map(|b| &mut b.entry);
+        for q in quotas {
+            let (at, state) = match entry.as_deref_mut() {
+                Some(e) => match e.position(slot_of(q)) {
+                    Some(i) => (Some(i), Some(&mut e.slots[i].state)),
+                    None => (None, None),
+                },
+                None => (None, None),
+            };
+            let (status, n) = algorithm::charge(q, state, now, call.cost);
+            statuses.push(status);
+            next.push((at, n));
+        }
+        let decision = Decision::from_status_vec(statuses, call.cost);
         if !decision.is_allowed() {
             return Ok(decision);
         }
         if let Some(entry) = entry {
-            entry.slots.retain(|s| s.expires_at > now);
-            for (q, n) in quotas.iter().zip(next) {
-                entry.commit(q, n, now, call.cost);
+            if entry.slots.iter().any(|s| s.expires_at <= now) {
+                // Expired slots go first; the indices found above move.
+                entry.slots.retain(|s| s.expires_at > now);
+                for (q, (_, n)) in quotas.iter().zip(next) {
+                    entry.commit(q, n, now, call.cost);
+                }
+            } else {
+                for (q, (at, n)) in quotas.iter().zip(next) {
+                    entry.commit_at(at, q, n, now, call.cost);
+                }
             }
             return Ok(decision);
         }
         let mut entry = Entry {
             slots: SmallVec::new(),
         };
-        for (q, n) in quotas.iter().zip(next) {
-            entry.commit(q, n, now, call.cost);
+        for (q, (_, n)) in quotas.iter().zip(next) {
+            entry.commit_at(None, q, n, now, call.cost);
         }
-        self.insert(&mut shard, mk, entry, now)?;
+        let bucket = Bucket {
+            hash,
+            namespace: ns,
+            key: *call.key,
+            entry,
+        };
+        self.insert(&mut shard, bucket, now)?;
         Ok(decision)
     }
 
     /// Inserts a new key, reclaiming expired state and applying the cap.
-    fn insert(
-        &self,
-        shard: &mut Shard,
-        mk: MapKey,
-        entry: Entry,
-        now: u64,
-    ) -> Result<(), StoreError> {
+    fn insert(&self, shard: &mut Shard, bucket: Bucket, now: u64) -> Result<(), StoreError> {
         let cap = self.inner.max_keys_per_shard;
         let full = shard.map.len() >= cap;
         if now >= shard.min_expiry && (full || shard.inserts_since_sweep >= shard.map.len() / 4) {
@@ -290,27 +341,33 @@ impl MemoryStore {
                     })
                 }
                 Overflow::EvictLive => {
-                    if let Some(victim) = shard.map.keys().next().copied() {
-                        shard.map.remove(&victim);
+                    if let Some(victim) = shard.map.iter().next().map(|b| b.hash) {
+                        if let Ok(found) = shard.map.find_entry(victim, |b| b.hash == victim) {
+                            found.remove();
+                        }
                     }
                 }
             }
         }
-        let expiry = entry.expires_at();
+        let expiry = bucket.entry.expires_at();
         if shard.map.is_empty() || expiry < shard.min_expiry {
             shard.min_expiry = expiry;
         }
-        shard.map.insert(mk, entry);
+        shard.map.insert_unique(bucket.hash, bucket, |b| b.hash);
         shard.inserts_since_sweep += 1;
         Ok(())
     }
 
     fn refund_now(&self, call: &Refund<'_>) {
         let c = &call.charge;
-        let mk = (c.namespace.id(), *c.key);
-        let (shard, _) = self.shard(&mk);
+        let ns = c.namespace.id();
+        let (shard, hash) = self.locate(ns, c.key);
         let mut shard = lock(shard);
-        let Some(entry) = shard.map.get_mut(&mk) else {
+        let Some(entry) = shard
+            .map
+            .find_mut(hash, |b| b.is(ns, c.key))
+            .map(|b| &mut b.entry)
+        else {
             return;
         };
         let mut refunded = false;
@@ -331,10 +388,13 @@ impl MemoryStore {
     }
 
     fn status_now(&self, call: &Charge<'_>) -> Decision {
-        let mk = (call.namespace.id(), *call.key);
-        let (shard, _) = self.shard(&mk);
+        let ns = call.namespace.id();
+        let (shard, hash) = self.locate(ns, call.key);
         let shard = lock(shard);
-        let entry = shard.map.get(&mk);
+        let entry = shard
+            .map
+            .find(hash, |b| b.is(ns, call.key))
+            .map(|b| &b.entry);
         Decision::from_statuses(
             call.policy
                 .quotas()
@@ -346,11 +406,11 @@ impl MemoryStore {
 }
 
 fn sweep(shard: &mut Shard, now: u64) {
-    shard.map.retain(|_, e| e.expires_at() > now);
+    shard.map.retain(|b| b.entry.expires_at() > now);
     shard.min_expiry = shard
         .map
-        .values()
-        .map(Entry::expires_at)
+        .iter()
+        .map(|b| b.entry.expires_at())
         .min()
         .unwrap_or(u64::MAX);
     shard.inserts_since_sweep = 0;
