@@ -40,7 +40,7 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded<Mutex<Shard>>]>,
     shard_mask: u64,
     max_keys_per_shard: usize,
     max_keys: usize,
@@ -73,6 +73,11 @@ impl Hash for HashInput<'_> {
         state.write(self.1);
     }
 }
+
+/// One shard per cache line pair: threads working on different shards never
+/// contend on a line they do not share (two lines, for adjacent-line prefetch).
+#[repr(align(128))]
+struct Padded<T>(T);
 
 #[derive(Default)]
 struct Shard {
@@ -199,7 +204,9 @@ impl MemoryStoreBuilder {
         // Fewer keys than shards: fewer shards, so the cap stays exact.
         let n = n.min(self.max_keys.next_power_of_two()).max(1);
         let n = prev_pow2_dividing(self.max_keys, n);
-        let shards = (0..n).map(|_| Mutex::new(Shard::default())).collect();
+        let shards = (0..n)
+            .map(|_| Padded(Mutex::new(Shard::default())))
+            .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
@@ -244,7 +251,7 @@ impl MemoryStore {
 
     /// Keys currently held (including expired ones not yet reclaimed).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| lock(&s.0).map.len()).sum()
     }
 
     /// Whether no key is held.
@@ -260,7 +267,7 @@ impl MemoryStore {
             .hash_one(HashInput(namespace, key.as_bytes()));
         // High bits pick the shard; hashbrown uses the low bits within it.
         let idx = (hash >> 40) & self.inner.shard_mask;
-        (&self.inner.shards[idx as usize], hash)
+        (&self.inner.shards[idx as usize].0, hash)
     }
 
     fn charge_now(&self, call: &Charge<'_>) -> Result<Decision, StoreError> {
