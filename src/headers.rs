@@ -186,6 +186,11 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 /// for all of them, none when all are small).
 fn numbers<const N: usize>(ns: [u64; N]) -> [HeaderValue; N] {
     const { assert!(N <= 4, "the buffer holds four u64s") };
+    if ns.iter().filter(|&&n| n >= SMALL).count() <= 1 {
+        // At most one allocation either way; a value of its own needs no
+        // reference count.
+        return ns.map(number);
+    }
     let mut digits = Digits {
         buf: [0; 4 * 20],
         len: 0,
