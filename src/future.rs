@@ -5,7 +5,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::{Key, KeyError};
 use crate::limiter::{
-    BoxFuture, Charged, KeySource, Limiter, Pending, PolicySource, RequestPolicy, Verdict,
+    BoxFuture, Charged, Charging, KeySource, Limiter, Pending, PolicySource, RequestPolicy, Verdict,
 };
 use crate::quota::Policy;
 use crate::store::StoreFuture;
@@ -132,15 +132,12 @@ where
     ) {
         let cost = limiter.cost(&parts);
         let now = limiter.clock.now_ms();
-        let (mut fut, pending) =
-            limiter.charge(key, policy, cost, now, crate::grpc::is_grpc(&parts));
-        match fut.now_or_never() {
-            // The memory store (or the deny cache) answers at once: decide without another poll.
-            Some(result) => match limiter.verdict(pending, result, &mut self.charged) {
-                Verdict::Forward => self.forward_now(service, parts, body),
-                Verdict::Answer(res) => self.answer(res),
-            },
-            None => {
+        let grpc = crate::grpc::is_grpc(&parts);
+        match limiter.charge(key, policy, cost, now, grpc, &mut self.charged) {
+            // The memory store (or the deny cache) answers at once: decided without another poll.
+            Charging::Decided(Verdict::Forward) => self.forward_now(service, parts, body),
+            Charging::Decided(Verdict::Answer(res)) => self.answer(res),
+            Charging::InFlight(fut, pending) => {
                 self.pending = Some(pending);
                 self.state = State::Charging { fut };
                 self.wait(service, parts, body)
@@ -217,10 +214,28 @@ where
                             let now = this.limiter.clock.now_ms();
                             let grpc = crate::grpc::is_grpc(&waiting.parts);
                             let policy = RequestPolicy::Own(policy);
-                            let (fut, pending) = this.limiter.charge(key, policy, cost, now, grpc);
-                            *this.pending = Some(pending);
-                            *this.waiting = Some(waiting);
-                            this.state.set(State::Charging { fut });
+                            match this
+                                .limiter
+                                .charge(key, policy, cost, now, grpc, this.charged)
+                            {
+                                Charging::Decided(Verdict::Forward) => {
+                                    let Waiting {
+                                        mut service,
+                                        parts,
+                                        body,
+                                    } = waiting;
+                                    let fut = service.call(Request::from_parts(parts, body));
+                                    this.state.set(State::Inner { fut });
+                                }
+                                Charging::Decided(Verdict::Answer(res)) => {
+                                    this.state.set(State::Answered { res: Some(res) });
+                                }
+                                Charging::InFlight(fut, pending) => {
+                                    *this.pending = Some(pending);
+                                    *this.waiting = Some(waiting);
+                                    this.state.set(State::Charging { fut });
+                                }
+                            }
                         }
                         Ok(None) => {
                             this.limiter.exempt();

@@ -159,6 +159,14 @@ enum ChargedTo {
     Nowhere,
 }
 
+/// Where a request stands after [`Limiter::charge`].
+pub(crate) enum Charging {
+    /// The answer was there at once and is decided.
+    Decided(Verdict),
+    /// The store call is in flight; [`Limiter::verdict`] takes its answer.
+    InFlight(StoreFuture<Result<Decision, StoreError>>, Pending),
+}
+
 /// What to do with a request once its key and policy are known and charged.
 pub(crate) enum Verdict {
     /// Call the inner service; add headers from the `Charged` written to the
@@ -200,8 +208,10 @@ impl Limiter {
         }
     }
 
-    /// Starts the one store call of a request (or answers from the deny cache,
-    /// or from the open breaker, without calling the store).
+    /// Makes the one store call of a request (or answers from the deny cache,
+    /// or from the open breaker, without calling the store). An answer that is
+    /// there at once (the memory store's) is decided here, with no future to
+    /// poll: what an admitted request was charged goes to `charged`.
     pub(crate) fn charge(
         &self,
         key: Key,
@@ -209,7 +219,8 @@ impl Limiter {
         cost: u64,
         now_ms: u64,
         grpc: bool,
-    ) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
+        charged: &mut Option<Charged>,
+    ) -> Charging {
         let pending = |policy, source, domain| Pending {
             key,
             policy,
@@ -222,10 +233,8 @@ impl Limiter {
         #[cfg(feature = "redis")]
         if let Some(c) = &self.coordinator {
             let decision = c.decide(&key, self.policy_of(&policy), cost, now_ms);
-            return (
-                StoreFuture::ready(Ok(decision)),
-                pending(policy, Source::Coordinated, 0),
-            );
+            let p = pending(policy, Source::Coordinated, 0);
+            return Charging::Decided(self.verdict(p, Ok(decision), charged));
         }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) = denials.check(&key, cost, now_ms) {
@@ -238,7 +247,7 @@ impl Limiter {
                     domain: 0,
                     grpc,
                 };
-                return (StoreFuture::ready(Ok(decision)), p);
+                return Charging::Decided(self.verdict(p, Ok(decision), charged));
             }
         }
         let domain = self.store.failure_domain(&self.namespace, &key);
@@ -249,21 +258,27 @@ impl Limiter {
                 .breaker_state
                 .set(BreakerState::HalfOpen as u8 as f64),
             Admit::Reject => {
-                return (
-                    StoreFuture::ready(Err(StoreError::CircuitOpen)),
-                    pending(policy, Source::Breaker, domain),
-                )
+                let p = pending(policy, Source::Breaker, domain);
+                return Charging::Decided(self.verdict(p, Err(StoreError::CircuitOpen), charged));
             }
         }
-        let fut = self
+        let mut fut = self
             .store
             .charge(&self.call(&key, self.policy_of(&policy), cost, now_ms));
-        // Only a call that has to wait is timed (the answer stays in place).
-        let started = match fut {
-            StoreFuture::Ready(_) => None,
-            StoreFuture::Pending(_) => Some(Instant::now()),
-        };
-        (fut, pending(policy, Source::Store { started }, domain))
+        match &mut fut {
+            StoreFuture::Ready(result) => {
+                let result = result
+                    .take()
+                    .expect("a ready store future holds its answer");
+                let p = pending(policy, Source::Store { started: None }, domain);
+                Charging::Decided(self.verdict(p, result, charged))
+            }
+            // Only a call that has to wait is timed.
+            StoreFuture::Pending(_) => {
+                let started = Some(Instant::now());
+                Charging::InFlight(fut, pending(policy, Source::Store { started }, domain))
+            }
+        }
     }
 
     /// Turns a store answer into what happens next; the rejection is built from
