@@ -2,7 +2,7 @@
 
 use super::{Charge, Refund, Store, StoreFuture};
 use crate::algorithm::{self, Next, State};
-use crate::decision::{Decision, QuotaStatus};
+use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Quota;
@@ -270,14 +270,15 @@ impl MemoryStore {
         (&self.inner.shards[idx as usize].0, hash)
     }
 
-    fn charge_now(&self, call: &Charge<'_>) -> Result<Decision, StoreError> {
+    /// Charges `call`, writing every quota's status into `decision` (empty, from
+    /// [`Decision::building`]).
+    fn charge_now(&self, call: &Charge<'_>, decision: &mut Decision) -> Result<(), StoreError> {
         let ns = call.namespace.id();
         let (shard, hash) = self.locate(ns, call.key);
         let mut shard = lock(shard);
         let now = call.now_ms;
         let quotas = call.policy.quotas();
 
-        let mut statuses: SmallVec<[QuotaStatus; 2]> = SmallVec::new();
         // What each quota writes if all admit, and where its slot is.
         let mut next: SmallVec<[(Option<usize>, Next); 2]> = SmallVec::new();
         // One lookup serves the decision and the commit (an existing key is
@@ -295,12 +296,12 @@ impl MemoryStore {
                 None => (None, None),
             };
             let (status, n) = algorithm::charge(q, state, now, call.cost);
-            statuses.push(status);
+            decision.push(status);
             next.push((at, n));
         }
-        let decision = Decision::from_status_vec(statuses, call.cost);
+        decision.settle(call.cost);
         if !decision.is_allowed() {
-            return Ok(decision);
+            return Ok(());
         }
         if let Some(entry) = entry {
             if entry.slots.iter().any(|s| s.expires_at <= now) {
@@ -314,7 +315,7 @@ impl MemoryStore {
                     entry.commit_at(at, q, n, now, call.cost);
                 }
             }
-            return Ok(decision);
+            return Ok(());
         }
         let mut entry = Entry {
             slots: SmallVec::new(),
@@ -328,8 +329,7 @@ impl MemoryStore {
             key: *call.key,
             entry,
         };
-        self.insert(&mut shard, bucket, now)?;
-        Ok(decision)
+        self.insert(&mut shard, bucket, now)
     }
 
     /// Inserts a new key, reclaiming expired state and applying the cap.
@@ -431,7 +431,19 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        StoreFuture::ready(self.charge_now(call))
+        // Built in place: the decision (144 bytes) is written where the caller
+        // reads it, not copied out through each return.
+        let mut out = StoreFuture::ready(Ok(Decision::building()));
+        if let StoreFuture::Ready(Some(result)) = &mut out {
+            let failed = match result {
+                Ok(decision) => self.charge_now(call, decision).err(),
+                Err(_) => None,
+            };
+            if let Some(err) = failed {
+                *result = Err(err);
+            }
+        }
+        out
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
