@@ -48,10 +48,10 @@ struct Inner {
     hasher: hashbrown::DefaultHashBuilder,
 }
 
-/// One key's state in a shard's table, with its hash: computed once per call,
-/// it picks the shard and probes the table, and rehashing never recomputes it.
+/// One key's state in a shard's table: two cache lines, aligned, hold all a
+/// charge reads and writes.
+#[repr(align(64))]
 struct Bucket {
-    hash: u64,
     namespace: u64,
     key: Key,
     entry: Entry,
@@ -307,11 +307,11 @@ impl MemoryStore {
             if entry.slots.iter().any(|s| s.expires_at <= now) {
                 // Expired slots go first; the indices found above move.
                 entry.slots.retain(|s| s.expires_at > now);
-                for (q, (_, n)) in quotas.iter().zip(next) {
+                for (q, (_, n)) in quotas.iter().zip(next.drain(..)) {
                     entry.commit(q, n, now, call.cost);
                 }
             } else {
-                for (q, (at, n)) in quotas.iter().zip(next) {
+                for (q, (at, n)) in quotas.iter().zip(next.drain(..)) {
                     entry.commit_at(at, q, n, now, call.cost);
                 }
             }
@@ -320,20 +320,32 @@ impl MemoryStore {
         let mut entry = Entry {
             slots: SmallVec::new(),
         };
-        for (q, (_, n)) in quotas.iter().zip(next) {
+        for (q, (_, n)) in quotas.iter().zip(next.drain(..)) {
             entry.commit_at(None, q, n, now, call.cost);
         }
         let bucket = Bucket {
-            hash,
             namespace: ns,
             key: *call.key,
             entry,
         };
-        self.insert(&mut shard, bucket, now)
+        self.insert(&mut shard, hash, bucket, now)
+    }
+
+    /// The hash of a stored key (when the table grows or a key is evicted).
+    fn rehash(&self, b: &Bucket) -> u64 {
+        self.inner
+            .hasher
+            .hash_one(HashInput(b.namespace, b.key.as_bytes()))
     }
 
     /// Inserts a new key, reclaiming expired state and applying the cap.
-    fn insert(&self, shard: &mut Shard, bucket: Bucket, now: u64) -> Result<(), StoreError> {
+    fn insert(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        bucket: Bucket,
+        now: u64,
+    ) -> Result<(), StoreError> {
         let cap = self.inner.max_keys_per_shard;
         let full = shard.map.len() >= cap;
         if now >= shard.min_expiry && (full || shard.inserts_since_sweep >= shard.map.len() / 4) {
@@ -348,8 +360,13 @@ impl MemoryStore {
                     })
                 }
                 Overflow::EvictLive => {
-                    if let Some(victim) = shard.map.iter().next().map(|b| b.hash) {
-                        if let Ok(found) = shard.map.find_entry(victim, |b| b.hash == victim) {
+                    if let Some((h, ns, key)) = shard
+                        .map
+                        .iter()
+                        .next()
+                        .map(|b| (self.rehash(b), b.namespace, b.key))
+                    {
+                        if let Ok(found) = shard.map.find_entry(h, |b| b.is(ns, &key)) {
                             found.remove();
                         }
                     }
@@ -360,7 +377,7 @@ impl MemoryStore {
         if shard.map.is_empty() || expiry < shard.min_expiry {
             shard.min_expiry = expiry;
         }
-        shard.map.insert_unique(bucket.hash, bucket, |b| b.hash);
+        shard.map.insert_unique(hash, bucket, |b| self.rehash(b));
         shard.inserts_since_sweep += 1;
         Ok(())
     }
