@@ -250,7 +250,7 @@ impl Limiter {
                 return Charging::Decided(self.verdict(p, Ok(decision), charged));
             }
         }
-        let domain = self.store.failure_domain(&self.namespace, &key);
+        let domain = (*self.store).failure_domain(&self.namespace, &key);
         match self.breakers.get(domain).admit(now_ms) {
             Admit::Call => {}
             Admit::Probe => self
@@ -262,9 +262,10 @@ impl Limiter {
                 return Charging::Decided(self.verdict(p, Err(StoreError::CircuitOpen), charged));
             }
         }
-        let mut fut = self
-            .store
-            .charge(&self.call(&key, self.policy_of(&policy), cost, now_ms));
+        // Called on the `dyn Store` itself, not through `Arc`'s forwarding
+        // impl, so the answer is written straight into `fut`.
+        let store: &dyn Store = &*self.store;
+        let mut fut = store.charge(&self.call(&key, self.policy_of(&policy), cost, now_ms));
         match &mut fut {
             StoreFuture::Ready(result) => {
                 let result = result
