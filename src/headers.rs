@@ -63,8 +63,8 @@ pub(crate) fn apply(
     now_ms: u64,
     headers: &mut HeaderMap,
 ) {
-    if let Some(s) = decision.binding_status() {
-        if style.github() {
+    if style.github() {
+        if let Some(s) = decision.binding_status() {
             github(s, headers);
         }
     }
