@@ -265,17 +265,23 @@ impl Limiter {
         // Called on the `dyn Store` itself, not through `Arc`'s forwarding
         // impl, so the answer is written straight into `fut`.
         let store: &dyn Store = &*self.store;
-        let mut fut = store.charge(&self.call(&key, self.policy_of(&policy), cost, now_ms));
-        match &mut fut {
-            StoreFuture::Ready(result) => {
-                let result = result
-                    .take()
-                    .expect("a ready store future holds its answer");
+        let fut = store.charge(&self.call(&key, self.policy_of(&policy), cost, now_ms));
+        match fut {
+            // Moved out by value: the answer is not copied out of an Option first.
+            StoreFuture::Ready(Some(result)) => {
                 let p = pending(policy, Source::Store { started: None }, domain);
                 Charging::Decided(self.verdict(p, result, charged))
             }
+            // A store that hands back a spent future is answered like one that
+            // failed, not with a panic.
+            StoreFuture::Ready(None) => {
+                let p = pending(policy, Source::Store { started: None }, domain);
+                let err =
+                    StoreError::Protocol("the store returned an already completed future".into());
+                Charging::Decided(self.verdict(p, Err(err), charged))
+            }
             // Only a call that has to wait is timed.
-            StoreFuture::Pending(_) => {
+            fut @ StoreFuture::Pending(_) => {
                 let started = Some(Instant::now());
                 Charging::InFlight(fut, pending(policy, Source::Store { started }, domain))
             }
