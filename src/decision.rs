@@ -59,26 +59,45 @@ impl Decision {
     /// charging `cost` (in policy order). It is allowed only if every quota allows
     /// it; otherwise nothing is charged, and the statuses say so.
     pub fn from_statuses(statuses: impl IntoIterator<Item = QuotaStatus>, cost: u64) -> Self {
-        let mut statuses: SmallVec<[QuotaStatus; 2]> = statuses.into_iter().collect();
-        let allowed = statuses.iter().all(|s| s.allowed);
+        let mut d = Self::building();
+        d.statuses.extend(statuses);
+        d.settle(cost);
+        d
+    }
+
+    /// An empty decision to [`push`](Self::push) statuses into, then
+    /// [`settle`](Self::settle): the memory store builds it in place, where the
+    /// caller reads it, instead of copying it out through each return.
+    pub(crate) fn building() -> Self {
+        Self {
+            allowed: false,
+            reason: None,
+            statuses: SmallVec::new(),
+        }
+    }
+
+    /// Adds the next quota's status (in policy order).
+    pub(crate) fn push(&mut self, status: QuotaStatus) {
+        self.statuses.push(status);
+    }
+
+    /// Decides from the statuses pushed, as [`Decision::from_statuses`] does.
+    pub(crate) fn settle(&mut self, cost: u64) {
+        let allowed = self.statuses.iter().all(|s| s.allowed);
         if !allowed {
             // All or nothing: quotas that would have admitted were not charged either.
-            for s in statuses.iter_mut().filter(|s| s.allowed) {
+            for s in self.statuses.iter_mut().filter(|s| s.allowed) {
                 *s = crate::algorithm::refunded_status(*s, cost);
             }
         }
-        let reason = if allowed {
+        self.allowed = allowed;
+        self.reason = if allowed {
             None
-        } else if statuses.iter().any(|s| cost > s.limit) {
+        } else if self.statuses.iter().any(|s| cost > s.limit) {
             Some(RejectReason::CostExceedsLimit)
         } else {
             Some(RejectReason::Exhausted)
         };
-        Self {
-            allowed,
-            reason,
-            statuses,
-        }
     }
 
     /// Whether the request is admitted (and was charged).

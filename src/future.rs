@@ -4,7 +4,9 @@ use crate::body::ResponseBody;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::{Key, KeyError};
-use crate::limiter::{BoxFuture, Charged, KeySource, Limiter, Pending, PolicySource, Verdict};
+use crate::limiter::{
+    BoxFuture, Charged, Charging, KeySource, Limiter, Pending, PolicySource, RequestPolicy, Verdict,
+};
 use crate::quota::Policy;
 use crate::store::StoreFuture;
 use bytes::Bytes;
@@ -102,9 +104,11 @@ where
             }
         };
         match &limiter.policy {
-            PolicySource::Static(p) => self.charge(service, limiter, parts, body, key, p.clone()),
+            PolicySource::Static(_) => {
+                self.charge(service, limiter, parts, body, key, RequestPolicy::Layer)
+            }
             PolicySource::Sync(f) => {
-                let p = f(&parts, &key);
+                let p = RequestPolicy::Own(f(&parts, &key));
                 self.charge(service, limiter, parts, body, key, p)
             }
             PolicySource::Async(f) => {
@@ -124,22 +128,16 @@ where
         parts: Parts,
         body: B,
         key: Key,
-        policy: Policy,
+        policy: RequestPolicy,
     ) {
         let cost = limiter.cost(&parts);
         let now = limiter.clock.now_ms();
-        let (mut fut, pending) =
-            limiter.charge(key, policy, cost, now, crate::grpc::is_grpc(&parts));
-        match fut.now_or_never() {
-            // The memory store (or the deny cache) answers at once: decide without another poll.
-            Some(result) => match limiter.verdict(pending, result) {
-                Verdict::Forward(charged) => {
-                    self.charged = charged;
-                    self.forward_now(service, parts, body)
-                }
-                Verdict::Answer(res) => self.answer(res),
-            },
-            None => {
+        let grpc = crate::grpc::is_grpc(&parts);
+        match limiter.charge(key, policy, cost, now, grpc, &mut self.charged) {
+            // The memory store (or the deny cache) answers at once: decided without another poll.
+            Charging::Decided(Verdict::Forward) => self.forward_now(service, parts, body),
+            Charging::Decided(Verdict::Answer(res)) => self.answer(res),
+            Charging::InFlight(fut, pending) => {
                 self.pending = Some(pending);
                 self.state = State::Charging { fut };
                 self.wait(service, parts, body)
@@ -215,10 +213,29 @@ where
                             let cost = this.limiter.cost(&waiting.parts);
                             let now = this.limiter.clock.now_ms();
                             let grpc = crate::grpc::is_grpc(&waiting.parts);
-                            let (fut, pending) = this.limiter.charge(key, policy, cost, now, grpc);
-                            *this.pending = Some(pending);
-                            *this.waiting = Some(waiting);
-                            this.state.set(State::Charging { fut });
+                            let policy = RequestPolicy::Own(policy);
+                            match this
+                                .limiter
+                                .charge(key, policy, cost, now, grpc, this.charged)
+                            {
+                                Charging::Decided(Verdict::Forward) => {
+                                    let Waiting {
+                                        mut service,
+                                        parts,
+                                        body,
+                                    } = waiting;
+                                    let fut = service.call(Request::from_parts(parts, body));
+                                    this.state.set(State::Inner { fut });
+                                }
+                                Charging::Decided(Verdict::Answer(res)) => {
+                                    this.state.set(State::Answered { res: Some(res) });
+                                }
+                                Charging::InFlight(fut, pending) => {
+                                    *this.pending = Some(pending);
+                                    *this.waiting = Some(waiting);
+                                    this.state.set(State::Charging { fut });
+                                }
+                            }
                         }
                         Ok(None) => {
                             this.limiter.exempt();
@@ -241,9 +258,8 @@ where
                 StateProj::Charging { fut } => {
                     let result = ready!(Pin::new(fut).poll(cx));
                     let pending = this.pending.take().expect("charge inputs kept");
-                    match this.limiter.verdict(pending, result) {
-                        Verdict::Forward(charged) => {
-                            *this.charged = charged;
+                    match this.limiter.verdict(pending, result, this.charged) {
+                        Verdict::Forward => {
                             let Waiting {
                                 mut service,
                                 parts,

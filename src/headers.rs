@@ -7,8 +7,8 @@
 
 use crate::decision::{Decision, QuotaStatus};
 use crate::quota::Policy;
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use std::fmt::Write as _;
 
 /// `X-RateLimit-Limit`: the binding quota's limit.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -63,8 +63,8 @@ pub(crate) fn apply(
     now_ms: u64,
     headers: &mut HeaderMap,
 ) {
-    if let Some(s) = decision.binding_status() {
-        if style.github() {
+    if style.github() {
+        if let Some(s) = decision.binding_status() {
             github(s, headers);
         }
     }
@@ -74,7 +74,7 @@ pub(crate) fn apply(
     if !decision.is_allowed() {
         let wait = decision.retry_after_ms();
         if wait > 0 {
-            headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(wait).max(1)));
+            headers.insert(RETRY_AFTER, number(ceil_secs(wait).max(1)));
         }
     }
 }
@@ -86,39 +86,159 @@ fn github(s: &QuotaStatus, headers: &mut HeaderMap) {
     if remaining_already_reported(headers).is_some_and(|r| r <= s.remaining) {
         return;
     }
-    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(s.limit));
-    headers.insert(
-        X_RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(s.remaining),
-    );
     // Rounded up: the stored reset (ms) maps to one value for the whole window.
-    headers.insert(
-        X_RATELIMIT_RESET.clone(),
-        HeaderValue::from(ceil_secs(s.reset_ms)),
-    );
-    headers.insert(X_RATELIMIT_USED.clone(), HeaderValue::from(s.used()));
+    let [limit, remaining, reset, used] =
+        numbers([s.limit, s.remaining, ceil_secs(s.reset_ms), s.used()]);
+    headers.reserve(4);
+    headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
+    headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+    headers.insert(X_RATELIMIT_RESET.clone(), reset);
+    headers.insert(X_RATELIMIT_USED.clone(), used);
 }
 
 fn ietf(policy: &Policy, statuses: &[QuotaStatus], now_ms: u64, headers: &mut HeaderMap) {
-    let mut pol = String::new();
-    let mut rl = String::new();
+    let mut pol = String::with_capacity(32 * statuses.len());
+    let mut rl = String::with_capacity(32 * statuses.len());
     for (q, s) in policy.quotas().iter().zip(statuses) {
-        let name = q.name();
-        let sep = if pol.is_empty() { "" } else { ", " };
-        let _ = write!(pol, "{sep}");
-        write_sf_string(&mut pol, &name);
-        let _ = write!(pol, ";q={};w={}", s.limit, ceil_secs(q.window_ms()));
-        let _ = write!(rl, "{sep}");
-        write_sf_string(&mut rl, &name);
-        let _ = write!(
-            rl,
-            ";r={};t={}",
-            s.remaining,
-            ceil_secs(s.reset_ms.saturating_sub(now_ms))
-        );
+        if !pol.is_empty() {
+            pol.push_str(", ");
+            rl.push_str(", ");
+        }
+        let at = pol.len();
+        match q.configured_name() {
+            Some(name) => write_sf_string(&mut pol, name),
+            // A window name (`"1s"`, `"500ms"`) needs no escaping: written in place.
+            None => {
+                pol.push('"');
+                crate::quota::write_window(&mut pol, q.window_ms());
+                pol.push('"');
+            }
+        }
+        rl.push_str(&pol[at..]);
+        pol.push_str(";q=");
+        push_number(&mut pol, s.limit);
+        pol.push_str(";w=");
+        push_number(&mut pol, ceil_secs(q.window_ms()));
+        rl.push_str(";r=");
+        push_number(&mut rl, s.remaining);
+        rl.push_str(";t=");
+        push_number(&mut rl, ceil_secs(s.reset_ms.saturating_sub(now_ms)));
     }
     append_list(headers, &RATELIMIT_POLICY, pol);
     append_list(headers, &RATELIMIT, rl);
+}
+
+/// Numbers below this are rendered from a static table: no allocation, no formatting.
+const SMALL: u64 = 10_000;
+
+/// The decimal digits of 0, 1, 2, …, `SMALL - 1`, back to back.
+static SMALL_NUMBERS: &str = match std::str::from_utf8(&small_numbers()) {
+    Ok(s) => s,
+    Err(_) => panic!("digits are ASCII"),
+};
+
+const SMALL_NUMBERS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+
+const fn small_numbers() -> [u8; SMALL_NUMBERS_LEN] {
+    let mut out = [0u8; SMALL_NUMBERS_LEN];
+    let (mut n, mut at) = (0u64, 0usize);
+    while n < SMALL {
+        let (_, width) = small_span(n);
+        let (mut v, mut i) = (n, width);
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+        at += width;
+        n += 1;
+    }
+    out
+}
+
+/// Where `n < SMALL` starts in [`SMALL_NUMBERS`], and its number of digits.
+const fn small_span(n: u64) -> (usize, usize) {
+    let n = n as usize;
+    match n {
+        0..=9 => (n, 1),
+        10..=99 => (10 + (n - 10) * 2, 2),
+        100..=999 => (190 + (n - 100) * 3, 3),
+        _ => (2_890 + (n - 1_000) * 4, 4),
+    }
+}
+
+/// `n` in decimal, as a header value: from a static table below [`SMALL`]
+/// (no allocation), else formatted on the stack and copied once.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    if n < SMALL {
+        let (at, width) = small_span(n);
+        return HeaderValue::from_static(&SMALL_NUMBERS[at..at + width]);
+    }
+    let mut buf = itoa::Buffer::new();
+    // One exact-size allocation (`HeaderValue::from(u64)` makes two: a
+    // 20-byte buffer, then a shared header when it is frozen short of full).
+    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(buf.format(n).as_bytes()))
+        .expect("decimal digits are a valid header value")
+}
+
+/// Several numbers as header values: small ones from the static table, the
+/// others formatted into one buffer that their values share (one allocation
+/// for all of them, none when all are small).
+fn numbers<const N: usize>(ns: [u64; N]) -> [HeaderValue; N] {
+    const { assert!(N <= 4, "the buffer holds four u64s") };
+    if ns.iter().filter(|&&n| n >= SMALL).count() <= 1 {
+        // At most one allocation either way; a value of its own needs no
+        // reference count.
+        return ns.map(number);
+    }
+    let mut digits = Digits {
+        buf: [0; 4 * 20],
+        len: 0,
+    };
+    let mut spans = [(0, 0); N];
+    for (span, &n) in spans.iter_mut().zip(&ns) {
+        if n >= SMALL {
+            let mut d = itoa::Buffer::new();
+            let d = d.format(n).as_bytes();
+            let at = digits.len;
+            digits.buf[at..at + d.len()].copy_from_slice(d);
+            digits.len += d.len();
+            *span = (at, digits.len);
+        }
+    }
+    let shared = (digits.len > 0).then(|| Bytes::from_owner(digits));
+    let mut i = 0;
+    ns.map(|n| {
+        let (at, end) = spans[i];
+        i += 1;
+        match &shared {
+            Some(b) if n >= SMALL => HeaderValue::from_maybe_shared(b.slice(at..end))
+                .expect("decimal digits are a valid header value"),
+            _ => number(n),
+        }
+    })
+}
+
+/// Digits of several numbers, back to back.
+struct Digits {
+    buf: [u8; 4 * 20],
+    len: usize,
+}
+
+impl AsRef<[u8]> for Digits {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Appends `n` in decimal.
+pub(crate) fn push_number(out: &mut String, n: u64) {
+    if n < SMALL {
+        let (at, width) = small_span(n);
+        out.push_str(&SMALL_NUMBERS[at..at + width]);
+    } else {
+        out.push_str(itoa::Buffer::new().format(n));
+    }
 }
 
 fn remaining_already_reported(headers: &HeaderMap) -> Option<u64> {
@@ -137,7 +257,8 @@ pub(crate) fn append_list(headers: &mut HeaderMap, name: &HeaderName, members: S
         Some(existing) if !existing.is_empty() => format!("{existing}, {members}"),
         _ => members,
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    // The string's buffer becomes the value's: no copy.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(name.clone(), v);
     }
 }
@@ -175,6 +296,27 @@ mod tests {
             window_id: reset_ms,
             ..QuotaStatus::default()
         }
+    }
+
+    #[test]
+    fn numbers_render_as_decimal_from_the_table_and_beyond_it() {
+        for n in (0..SMALL + 20).chain([99_999, 100_000, 1 << 40, u64::MAX / 10, u64::MAX]) {
+            assert_eq!(number(n), n.to_string().as_str(), "{n}");
+            let mut s = String::from("x");
+            push_number(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+    }
+
+    #[test]
+    fn several_numbers_share_one_buffer_and_keep_their_own_digits() {
+        let ns = [1 << 40, 7, 1_799_999_999, u64::MAX];
+        let vs = numbers(ns);
+        for (v, n) in vs.iter().zip(ns) {
+            assert_eq!(v, n.to_string().as_str());
+        }
+        let [a, b] = numbers([0, 9_999]);
+        assert_eq!((a.as_bytes(), b.as_bytes()), (&b"0"[..], &b"9999"[..]));
     }
 
     #[test]

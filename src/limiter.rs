@@ -97,6 +97,18 @@ pub(crate) struct Limiter {
     pub(crate) coordinator: Option<Arc<crate::coordinated::Coordinator>>,
 }
 
+/// The policy a request is charged under. The layer's static policy is
+/// named, not cloned: no per-request reference count on a policy that every
+/// request (on every core) shares.
+#[derive(Debug)]
+pub(crate) enum RequestPolicy {
+    /// The layer's [`PolicySource::Static`] policy.
+    Layer,
+    /// One resolved for this request (a policy function, the deny cache, the
+    /// local fallback's scaled copy).
+    Own(Policy),
+}
+
 /// Where a charge's answer came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Source {
@@ -114,7 +126,7 @@ pub(crate) enum Source {
 #[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) key: Key,
-    pub(crate) policy: Policy,
+    pub(crate) policy: RequestPolicy,
     pub(crate) cost: u64,
     pub(crate) now_ms: u64,
     pub(crate) source: Source,
@@ -128,7 +140,7 @@ pub(crate) struct Pending {
 #[derive(Debug)]
 pub(crate) struct Charged {
     key: Key,
-    policy: Policy,
+    policy: RequestPolicy,
     cost: u64,
     now_ms: u64,
     decision: Decision,
@@ -147,10 +159,19 @@ enum ChargedTo {
     Nowhere,
 }
 
+/// Where a request stands after [`Limiter::charge`].
+pub(crate) enum Charging {
+    /// The answer was there at once and is decided.
+    Decided(Verdict),
+    /// The store call is in flight; [`Limiter::verdict`] takes its answer.
+    InFlight(StoreFuture<Result<Decision, StoreError>>, Pending),
+}
+
 /// What to do with a request once its key and policy are known and charged.
 pub(crate) enum Verdict {
-    /// Call the inner service; add headers from `Charged` (if any) to its response.
-    Forward(Option<Charged>),
+    /// Call the inner service; add headers from the `Charged` written to the
+    /// caller's slot (if any) to its response.
+    Forward,
     /// Answer with this response; the inner service is not called.
     Answer(Response<Bytes>),
 }
@@ -159,6 +180,17 @@ impl Limiter {
     pub(crate) fn metrics(&self) -> &Metrics {
         self.metrics
             .get_or_init(|| Metrics::new(self.namespace.name()))
+    }
+
+    /// The policy `p` names.
+    pub(crate) fn policy_of<'a>(&'a self, p: &'a RequestPolicy) -> &'a Policy {
+        match (p, &self.policy) {
+            (RequestPolicy::Own(p), _) => p,
+            (RequestPolicy::Layer, PolicySource::Static(p)) => p,
+            (RequestPolicy::Layer, _) => {
+                unreachable!("RequestPolicy::Layer is made only for a static policy")
+            }
+        }
     }
 
     pub(crate) fn cost(&self, parts: &Parts) -> u64 {
@@ -176,19 +208,22 @@ impl Limiter {
         }
     }
 
-    /// Starts the one store call of a request (or answers from the deny cache,
-    /// or from the open breaker, without calling the store).
+    /// Makes the one store call of a request (or answers from the deny cache,
+    /// or from the open breaker, without calling the store). An answer that is
+    /// there at once (the memory store's) is decided here, with no future to
+    /// poll: what an admitted request was charged goes to `charged`.
     pub(crate) fn charge(
         &self,
         key: Key,
-        policy: Policy,
+        policy: RequestPolicy,
         cost: u64,
         now_ms: u64,
         grpc: bool,
-    ) -> (StoreFuture<Result<Decision, StoreError>>, Pending) {
-        let pending = |source, domain| Pending {
+        charged: &mut Option<Charged>,
+    ) -> Charging {
+        let pending = |policy, source, domain| Pending {
             key,
-            policy: policy.clone(),
+            policy,
             cost,
             now_ms,
             source,
@@ -197,27 +232,25 @@ impl Limiter {
         };
         #[cfg(feature = "redis")]
         if let Some(c) = &self.coordinator {
-            let decision = c.decide(&key, &policy, cost, now_ms);
-            return (
-                StoreFuture::ready(Ok(decision)),
-                pending(Source::Coordinated, 0),
-            );
+            let decision = c.decide(&key, self.policy_of(&policy), cost, now_ms);
+            let p = pending(policy, Source::Coordinated, 0);
+            return Charging::Decided(self.verdict(p, Ok(decision), charged));
         }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) = denials.check(&key, cost, now_ms) {
                 let p = Pending {
                     key,
-                    policy,
+                    policy: RequestPolicy::Own(policy),
                     cost,
                     now_ms,
                     source: Source::DenyCache,
                     domain: 0,
                     grpc,
                 };
-                return (StoreFuture::ready(Ok(decision)), p);
+                return Charging::Decided(self.verdict(p, Ok(decision), charged));
             }
         }
-        let domain = self.store.failure_domain(&self.namespace, &key);
+        let domain = (*self.store).failure_domain(&self.namespace, &key);
         match self.breakers.get(domain).admit(now_ms) {
             Admit::Call => {}
             Admit::Probe => self
@@ -225,26 +258,45 @@ impl Limiter {
                 .breaker_state
                 .set(BreakerState::HalfOpen as u8 as f64),
             Admit::Reject => {
-                return (
-                    StoreFuture::ready(Err(StoreError::CircuitOpen)),
-                    pending(Source::Breaker, domain),
-                )
+                let p = pending(policy, Source::Breaker, domain);
+                return Charging::Decided(self.verdict(p, Err(StoreError::CircuitOpen), charged));
             }
         }
-        let mut fut = self.store.charge(&self.call(&key, &policy, cost, now_ms));
-        let started = match fut.now_or_never() {
-            Some(result) => {
-                fut = StoreFuture::ready(result);
-                None
+        // Called on the `dyn Store` itself, not through `Arc`'s forwarding
+        // impl, so the answer is written straight into `fut`.
+        let store: &dyn Store = &*self.store;
+        let fut = store.charge(&self.call(&key, self.policy_of(&policy), cost, now_ms));
+        match fut {
+            // Moved out by value: the answer is not copied out of an Option first.
+            StoreFuture::Ready(Some(result)) => {
+                let p = pending(policy, Source::Store { started: None }, domain);
+                Charging::Decided(self.verdict(p, result, charged))
             }
-            None => Some(Instant::now()),
-        };
-        (fut, pending(Source::Store { started }, domain))
+            // A store that hands back a spent future is answered like one that
+            // failed, not with a panic.
+            StoreFuture::Ready(None) => {
+                let p = pending(policy, Source::Store { started: None }, domain);
+                let err =
+                    StoreError::Protocol("the store returned an already completed future".into());
+                Charging::Decided(self.verdict(p, Err(err), charged))
+            }
+            // Only a call that has to wait is timed.
+            fut @ StoreFuture::Pending(_) => {
+                let started = Some(Instant::now());
+                Charging::InFlight(fut, pending(policy, Source::Store { started }, domain))
+            }
+        }
     }
 
     /// Turns a store answer into what happens next; the rejection is built from
-    /// this one answer only.
-    pub(crate) fn verdict(&self, p: Pending, result: Result<Decision, StoreError>) -> Verdict {
+    /// this one answer only. What an admitted request was charged goes to
+    /// `charged` (written in place: it is large, and this is the hot path).
+    pub(crate) fn verdict(
+        &self,
+        p: Pending,
+        result: Result<Decision, StoreError>,
+        charged: &mut Option<Charged>,
+    ) -> Verdict {
         let m = self.metrics();
         if let Source::Store { started } = p.source {
             if let Some(t) = started {
@@ -279,7 +331,7 @@ impl Limiter {
         match result {
             Ok(decision) if decision.is_allowed() => {
                 m.allowed.increment(1);
-                Verdict::Forward(Some(Charged {
+                *charged = Some(Charged {
                     key: p.key,
                     policy: p.policy,
                     cost: p.cost,
@@ -290,7 +342,8 @@ impl Limiter {
                     } else {
                         ChargedTo::Store
                     },
-                }))
+                });
+                Verdict::Forward
             }
             Ok(decision) => self.reject(p, decision),
             Err(StoreError::Full { retry_at_ms, .. }) => {
@@ -308,14 +361,14 @@ impl Limiter {
                     "the rate limiter is tracking its maximum number of clients",
                 ))
             }
-            Err(err) => self.store_failed(p, err),
+            Err(err) => self.store_failed(p, err, charged),
         }
     }
 
     fn reject(&self, p: Pending, decision: Decision) -> Verdict {
         let m = self.metrics();
-        let name = p
-            .policy
+        let policy = self.policy_of(&p.policy);
+        let name = policy
             .quotas()
             .get(decision.binding())
             .map(|q| q.name())
@@ -325,7 +378,7 @@ impl Limiter {
             self.log.event(&self.log.rejected, || {
                 tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit would reject (shadow mode: admitted)");
             });
-            return Verdict::Forward(None);
+            return Verdict::Forward;
         }
         m.rejected.increment(1);
         match p.source {
@@ -334,7 +387,7 @@ impl Limiter {
             Source::Coordinated => {}
             _ => {
                 if let Some(d) = &self.denials {
-                    d.insert(p.key, p.cost, p.now_ms, &decision, &p.policy);
+                    d.insert(p.key, p.cost, p.now_ms, &decision, policy);
                 }
             }
         }
@@ -353,17 +406,11 @@ impl Limiter {
         } else {
             (self.on_rejection)(&rejection)
         };
-        headers::apply(
-            self.headers,
-            &p.policy,
-            &decision,
-            p.now_ms,
-            res.headers_mut(),
-        );
+        headers::apply(self.headers, policy, &decision, p.now_ms, res.headers_mut());
         Verdict::Answer(res)
     }
 
-    fn store_failed(&self, p: Pending, err: StoreError) -> Verdict {
+    fn store_failed(&self, p: Pending, err: StoreError, charged: &mut Option<Charged>) -> Verdict {
         let m = self.metrics();
         m.store_error(err.kind());
         let policy = self.on_store_error;
@@ -373,7 +420,7 @@ impl Limiter {
         match policy {
             OnStoreError::FailOpen => {
                 m.fail_open.increment(1);
-                Verdict::Forward(None)
+                Verdict::Forward
             }
             OnStoreError::FailClosed => {
                 m.fail_closed.increment(1);
@@ -389,25 +436,28 @@ impl Limiter {
                     .fallback
                     .as_ref()
                     .expect("a local fallback store is built with OnStoreError::Local");
-                let policy = p.policy.scaled(fraction);
+                let policy = self.policy_of(&p.policy).scaled(fraction);
                 let result = local
                     .charge(&self.call(&p.key, &policy, p.cost, p.now_ms))
                     .now_or_never()
                     .expect("the memory store answers at once");
                 let p = Pending {
-                    policy,
+                    policy: RequestPolicy::Own(policy),
                     source: Source::Breaker,
                     ..p
                 };
                 match result {
-                    Ok(decision) if decision.is_allowed() => Verdict::Forward(Some(Charged {
-                        key: p.key,
-                        policy: p.policy,
-                        cost: p.cost,
-                        now_ms: p.now_ms,
-                        decision,
-                        to: ChargedTo::Local,
-                    })),
+                    Ok(decision) if decision.is_allowed() => {
+                        *charged = Some(Charged {
+                            key: p.key,
+                            policy: p.policy,
+                            cost: p.cost,
+                            now_ms: p.now_ms,
+                            decision,
+                            to: ChargedTo::Local,
+                        });
+                        Verdict::Forward
+                    }
                     Ok(decision) => self.reject(p, decision),
                     Err(_) => Verdict::Answer(response::unavailable(
                         p.grpc,
@@ -451,7 +501,7 @@ impl Limiter {
         }
         headers::apply(
             self.headers,
-            &charged.policy,
+            self.policy_of(&charged.policy),
             &charged.decision,
             charged.now_ms,
             headers,
@@ -467,7 +517,7 @@ impl Limiter {
         let this = self.clone();
         if !run_off_path(
             store.refund(&Refund {
-                charge: self.call(&c.key, &c.policy, c.cost, c.now_ms),
+                charge: self.call(&c.key, self.policy_of(&c.policy), c.cost, c.now_ms),
                 decision: &c.decision,
             }),
             move |result, started| this.refunded(result, started),

@@ -27,7 +27,6 @@
 
 use crate::error::ConfigError;
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -327,6 +326,11 @@ impl Quota {
         }
     }
 
+    /// The name given with [`Quota::named`], if any.
+    pub(crate) fn configured_name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
     /// The identity of this quota's state within a key: algorithm and window. Two
     /// quotas with the same slot would share state, so a policy refuses them.
     /// The limit is not part of it, so a changed limit applies to the open window.
@@ -338,16 +342,23 @@ impl Quota {
 /// Formats a window in the largest whole unit: `1h`, `90s`, `500ms`.
 pub(crate) fn format_window(ms: u64) -> String {
     let mut s = String::new();
-    let _ = if ms.is_multiple_of(3_600_000) {
-        write!(s, "{}h", ms / 3_600_000)
-    } else if ms.is_multiple_of(60_000) {
-        write!(s, "{}m", ms / 60_000)
-    } else if ms.is_multiple_of(1_000) {
-        write!(s, "{}s", ms / 1_000)
-    } else {
-        write!(s, "{ms}ms")
-    };
+    write_window(&mut s, ms);
     s
+}
+
+/// Appends a window in the largest whole unit (as [`format_window`]).
+pub(crate) fn write_window(out: &mut String, ms: u64) {
+    let (n, unit) = if ms.is_multiple_of(3_600_000) {
+        (ms / 3_600_000, "h")
+    } else if ms.is_multiple_of(60_000) {
+        (ms / 60_000, "m")
+    } else if ms.is_multiple_of(1_000) {
+        (ms / 1_000, "s")
+    } else {
+        (ms, "ms")
+    };
+    crate::headers::push_number(out, n);
+    out.push_str(unit);
 }
 
 /// The quotas one request is charged against, all or nothing, in one store call.

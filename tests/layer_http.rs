@@ -648,3 +648,53 @@ fn sixty_four_tasks_hammering_one_key_admit_exactly_the_quota() {
         assert_eq!(calls.load(Ordering::SeqCst), quota as usize);
     });
 }
+
+/// A store that hands back an already completed future (a bug in a custom store).
+struct SpentStore;
+
+impl tower_ratelimit::store::Store for SpentStore {
+    fn charge(
+        &self,
+        _: &tower_ratelimit::store::Charge<'_>,
+    ) -> tower_ratelimit::store::StoreFuture<
+        Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>,
+    > {
+        tower_ratelimit::store::StoreFuture::Ready(None)
+    }
+    fn refund(
+        &self,
+        _: &tower_ratelimit::store::Refund<'_>,
+    ) -> tower_ratelimit::store::StoreFuture<Result<(), tower_ratelimit::StoreError>> {
+        tower_ratelimit::store::StoreFuture::ready(Ok(()))
+    }
+    fn status(
+        &self,
+        _: &tower_ratelimit::store::Charge<'_>,
+    ) -> tower_ratelimit::store::StoreFuture<
+        Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>,
+    > {
+        tower_ratelimit::store::StoreFuture::Ready(None)
+    }
+}
+
+#[tokio::test]
+async fn a_store_returning_a_spent_future_is_a_store_error_not_a_panic() {
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::new(5, Duration::from_secs(60)).unwrap())
+        .key(|_: &Parts| Key::global())
+        .store(SpentStore)
+        .build()
+        .unwrap();
+    let res = app()
+        .layer(layer)
+        .oneshot(
+            http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    // The default failure policy: fail open, without rate-limit headers.
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("x-ratelimit-remaining").is_none());
+}

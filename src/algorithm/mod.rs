@@ -38,6 +38,7 @@ pub(crate) enum Next {
 
 /// The token-bucket / GCRA rate of a quota (quotas are validated when built,
 /// so the burst is never capped for a configured quota).
+#[inline]
 pub(crate) fn rate_of(q: &Quota) -> Rate {
     Rate::capped(q.limit(), q.window_ms(), q.burst_size())
 }
@@ -54,6 +55,7 @@ macro_rules! state_as {
 /// Evaluates `cost` against `quota` at `now`: the status, and what to write
 /// if every quota of the policy admits the request. A sliding log is pruned
 /// in place first (dropping expired entries changes no decision).
+#[inline]
 pub(crate) fn charge(
     quota: &Quota,
     state: Option<&mut State>,
@@ -136,6 +138,7 @@ fn peek_any(quota: &Quota, state: Option<&State>, now: u64) -> QuotaStatus {
 
 impl Next {
     /// Writes an admitted charge into `state`, or returns the state to create.
+    #[inline]
     pub(crate) fn apply(self, state: Option<&mut State>, now: u64, cost: u64) -> Option<State> {
         match (self, state) {
             (Next::Set(new), Some(s)) => {
@@ -163,6 +166,7 @@ fn new_log(now: u64, cost: u64) -> sliding_log::Log {
 }
 
 /// Unix ms after which `state` carries no information (reads as absent).
+#[inline]
 pub(crate) fn expires_at(quota: &Quota, state: &State) -> u64 {
     match state {
         State::FixedWindow(s) => s.reset_ms,

@@ -25,13 +25,29 @@ pub(crate) struct Rate {
     pub(crate) capacity: u64,
 }
 
+/// Binary GCD: shifts and subtractions, no divisions (it runs on every
+/// token-bucket and GCRA charge).
 const fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        let t = a % b;
-        a = b;
-        b = t;
+    if a == 0 {
+        return b;
     }
-    a
+    if b == 0 {
+        return a;
+    }
+    let shift = (a | b).trailing_zeros();
+    a >>= a.trailing_zeros();
+    loop {
+        b >>= b.trailing_zeros();
+        if a > b {
+            let t = a;
+            a = b;
+            b = t;
+        }
+        b -= a;
+        if b == 0 {
+            return a << shift;
+        }
+    }
 }
 
 impl Rate {
@@ -55,10 +71,10 @@ impl Rate {
     /// As [`Rate::of`], holding at most as many tokens as fit 2^52 fine units
     /// (only reachable for quotas scaled down internally, never as configured).
     pub(crate) fn capped(limit: u64, window_ms: u64, burst: u64) -> Rate {
-        let unit = window_ms / gcd(limit, window_ms);
         match Rate::of(limit, window_ms, burst) {
             Some(r) => r,
             None => {
+                let unit = window_ms / gcd(limit, window_ms);
                 Rate::of(limit, window_ms, (MAX_LIMIT / unit).clamp(1, burst)).unwrap_or(Rate {
                     unit,
                     per_ms: limit / gcd(limit, window_ms),
@@ -120,6 +136,42 @@ impl Rate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_gcd_agrees_with_euclid() {
+        fn euclid(mut a: u64, mut b: u64) -> u64 {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        }
+        let samples = [
+            0,
+            1,
+            2,
+            3,
+            7,
+            12,
+            1_000,
+            3_600_000,
+            1 << 40,
+            MAX_LIMIT,
+            u64::MAX,
+        ];
+        for a in samples {
+            for b in samples {
+                assert_eq!(gcd(a, b), euclid(a, b), "gcd({a}, {b})");
+            }
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (a, b) = (x >> (x % 50), (x.rotate_left(29)) >> (x % 40));
+            assert_eq!(gcd(a, b), euclid(a, b), "gcd({a}, {b})");
+        }
+    }
 
     #[test]
     fn a_rate_that_does_not_divide_its_window_is_exact_in_fine_units() {

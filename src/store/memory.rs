@@ -6,10 +6,10 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Quota;
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 use smallvec::SmallVec;
 use std::fmt;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// What the memory store does when a new key arrives and it already tracks
@@ -40,7 +40,7 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded<Mutex<Shard>>]>,
     shard_mask: u64,
     max_keys_per_shard: usize,
     max_keys: usize,
@@ -48,11 +48,40 @@ struct Inner {
     hasher: hashbrown::DefaultHashBuilder,
 }
 
-type MapKey = (u64, Key);
+/// One key's state in a shard's table: two cache lines, aligned, hold all a
+/// charge reads and writes.
+#[repr(align(64))]
+struct Bucket {
+    namespace: u64,
+    key: Key,
+    entry: Entry,
+}
+
+impl Bucket {
+    fn is(&self, namespace: u64, key: &Key) -> bool {
+        self.namespace == namespace && self.key.as_bytes() == key.as_bytes()
+    }
+}
+
+/// What is hashed: the namespace and the key's encoded bytes (not the unused
+/// tail of its inline buffer).
+struct HashInput<'a>(u64, &'a [u8]);
+
+impl Hash for HashInput<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0);
+        state.write(self.1);
+    }
+}
+
+/// One shard per cache line pair: threads working on different shards never
+/// contend on a line they do not share (two lines, for adjacent-line prefetch).
+#[repr(align(128))]
+struct Padded<T>(T);
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<MapKey, Entry, hashbrown::DefaultHashBuilder>,
+    map: HashTable<Bucket>,
     /// No entry expires before this (Unix ms); a sweep before it would free nothing.
     min_expiry: u64,
     /// Inserts since the last sweep: sweeps are paid for by inserts, amortised O(1).
@@ -82,14 +111,24 @@ impl Entry {
         self.slots.iter_mut().find(|s| s.id == id)
     }
 
+    fn position(&self, id: u64) -> Option<usize> {
+        self.slots.iter().position(|s| s.id == id)
+    }
+
     fn expires_at(&self) -> u64 {
         self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
     }
 
     /// Writes an admitted charge of `cost` to quota `q`'s slot.
     fn commit(&mut self, q: &Quota, next: Next, now: u64, cost: u64) {
-        let id = slot_of(q);
-        match self.get_mut(id) {
+        let at = self.position(slot_of(q));
+        self.commit_at(at, q, next, now, cost);
+    }
+
+    /// As [`Entry::commit`], with the slot's index already known (`None`: a new slot).
+    #[inline]
+    fn commit_at(&mut self, at: Option<usize>, q: &Quota, next: Next, now: u64, cost: u64) {
+        match at.and_then(|i| self.slots.get_mut(i)) {
             Some(slot) => {
                 next.apply(Some(&mut slot.state), now, cost);
                 slot.expires_at = algorithm::expires_at(q, &slot.state);
@@ -98,7 +137,7 @@ impl Entry {
                 if let Some(state) = next.apply(None, now, cost) {
                     let expires_at = algorithm::expires_at(q, &state);
                     self.slots.push(Slot {
-                        id,
+                        id: slot_of(q),
                         expires_at,
                         state,
                     });
@@ -165,7 +204,9 @@ impl MemoryStoreBuilder {
         // Fewer keys than shards: fewer shards, so the cap stays exact.
         let n = n.min(self.max_keys.next_power_of_two()).max(1);
         let n = prev_pow2_dividing(self.max_keys, n);
-        let shards = (0..n).map(|_| Mutex::new(Shard::default())).collect();
+        let shards = (0..n)
+            .map(|_| Padded(Mutex::new(Shard::default())))
+            .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
@@ -210,7 +251,7 @@ impl MemoryStore {
 
     /// Keys currently held (including expired ones not yet reclaimed).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| lock(&s.0).map.len()).sum()
     }
 
     /// Whether no key is held.
@@ -218,62 +259,91 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &MapKey) -> (&Mutex<Shard>, u64) {
-        let hash = self.inner.hasher.hash_one(key);
+    /// The hash of `key` in `namespace` and the shard it lives in.
+    fn locate(&self, namespace: u64, key: &Key) -> (&Mutex<Shard>, u64) {
+        let hash = self
+            .inner
+            .hasher
+            .hash_one(HashInput(namespace, key.as_bytes()));
         // High bits pick the shard; hashbrown uses the low bits within it.
         let idx = (hash >> 40) & self.inner.shard_mask;
-        (&self.inner.shards[idx as usize], hash)
+        (&self.inner.shards[idx as usize].0, hash)
     }
 
-    fn charge_now(&self, call: &Charge<'_>) -> Result<Decision, StoreError> {
-        let mk = (call.namespace.id(), *call.key);
-        let (shard, _) = self.shard(&mk);
+    /// Charges `call`, writing every quota's status into `decision` (empty, from
+    /// [`Decision::building`]).
+    fn charge_now(&self, call: &Charge<'_>, decision: &mut Decision) -> Result<(), StoreError> {
+        let ns = call.namespace.id();
+        let (shard, hash) = self.locate(ns, call.key);
         let mut shard = lock(shard);
         let now = call.now_ms;
         let quotas = call.policy.quotas();
 
-        let mut next: SmallVec<[Next; 2]> = SmallVec::new();
+        // What each quota writes if all admit, and where its slot is.
+        let mut next: SmallVec<[(Option<usize>, Next); 2]> = SmallVec::new();
         // One lookup serves the decision and the commit (an existing key is
         // hashed and probed once per charge, not twice).
-        let mut entry = shard.map.get_mut(&mk);
-        let decision = Decision::from_statuses(
-            quotas.iter().map(|q| {
-                let state = entry
-                    .as_deref_mut()
-                    .and_then(|e| e.get_mut(slot_of(q)))
-                    .map(|s| &mut s.state);
-                let (status, n) = algorithm::charge(q, state, now, call.cost);
-                next.push(n);
-                status
-            }),
-            call.cost,
-        );
+        let mut entry = shard
+            .map
+            .find_mut(hash, |b| b.is(ns, call.key))
+            .map(|b| &mut b.entry);
+        for q in quotas {
+            let (at, state) = match entry.as_deref_mut() {
+                Some(e) => match e.position(slot_of(q)) {
+                    Some(i) => (Some(i), Some(&mut e.slots[i].state)),
+                    None => (None, None),
+                },
+                None => (None, None),
+            };
+            let (status, n) = algorithm::charge(q, state, now, call.cost);
+            decision.push(status);
+            next.push((at, n));
+        }
+        decision.settle(call.cost);
         if !decision.is_allowed() {
-            return Ok(decision);
+            return Ok(());
         }
         if let Some(entry) = entry {
-            entry.slots.retain(|s| s.expires_at > now);
-            for (q, n) in quotas.iter().zip(next) {
-                entry.commit(q, n, now, call.cost);
+            if entry.slots.iter().any(|s| s.expires_at <= now) {
+                // Expired slots go first; the indices found above move.
+                entry.slots.retain(|s| s.expires_at > now);
+                for (q, (_, n)) in quotas.iter().zip(next.drain(..)) {
+                    entry.commit(q, n, now, call.cost);
+                }
+            } else {
+                for (q, (at, n)) in quotas.iter().zip(next.drain(..)) {
+                    entry.commit_at(at, q, n, now, call.cost);
+                }
             }
-            return Ok(decision);
+            return Ok(());
         }
         let mut entry = Entry {
             slots: SmallVec::new(),
         };
-        for (q, n) in quotas.iter().zip(next) {
-            entry.commit(q, n, now, call.cost);
+        for (q, (_, n)) in quotas.iter().zip(next.drain(..)) {
+            entry.commit_at(None, q, n, now, call.cost);
         }
-        self.insert(&mut shard, mk, entry, now)?;
-        Ok(decision)
+        let bucket = Bucket {
+            namespace: ns,
+            key: *call.key,
+            entry,
+        };
+        self.insert(&mut shard, hash, bucket, now)
+    }
+
+    /// The hash of a stored key (when the table grows or a key is evicted).
+    fn rehash(&self, b: &Bucket) -> u64 {
+        self.inner
+            .hasher
+            .hash_one(HashInput(b.namespace, b.key.as_bytes()))
     }
 
     /// Inserts a new key, reclaiming expired state and applying the cap.
     fn insert(
         &self,
         shard: &mut Shard,
-        mk: MapKey,
-        entry: Entry,
+        hash: u64,
+        bucket: Bucket,
         now: u64,
     ) -> Result<(), StoreError> {
         let cap = self.inner.max_keys_per_shard;
@@ -290,27 +360,38 @@ impl MemoryStore {
                     })
                 }
                 Overflow::EvictLive => {
-                    if let Some(victim) = shard.map.keys().next().copied() {
-                        shard.map.remove(&victim);
+                    if let Some((h, ns, key)) = shard
+                        .map
+                        .iter()
+                        .next()
+                        .map(|b| (self.rehash(b), b.namespace, b.key))
+                    {
+                        if let Ok(found) = shard.map.find_entry(h, |b| b.is(ns, &key)) {
+                            found.remove();
+                        }
                     }
                 }
             }
         }
-        let expiry = entry.expires_at();
+        let expiry = bucket.entry.expires_at();
         if shard.map.is_empty() || expiry < shard.min_expiry {
             shard.min_expiry = expiry;
         }
-        shard.map.insert(mk, entry);
+        shard.map.insert_unique(hash, bucket, |b| self.rehash(b));
         shard.inserts_since_sweep += 1;
         Ok(())
     }
 
     fn refund_now(&self, call: &Refund<'_>) {
         let c = &call.charge;
-        let mk = (c.namespace.id(), *c.key);
-        let (shard, _) = self.shard(&mk);
+        let ns = c.namespace.id();
+        let (shard, hash) = self.locate(ns, c.key);
         let mut shard = lock(shard);
-        let Some(entry) = shard.map.get_mut(&mk) else {
+        let Some(entry) = shard
+            .map
+            .find_mut(hash, |b| b.is(ns, c.key))
+            .map(|b| &mut b.entry)
+        else {
             return;
         };
         let mut refunded = false;
@@ -331,10 +412,13 @@ impl MemoryStore {
     }
 
     fn status_now(&self, call: &Charge<'_>) -> Decision {
-        let mk = (call.namespace.id(), *call.key);
-        let (shard, _) = self.shard(&mk);
+        let ns = call.namespace.id();
+        let (shard, hash) = self.locate(ns, call.key);
         let shard = lock(shard);
-        let entry = shard.map.get(&mk);
+        let entry = shard
+            .map
+            .find(hash, |b| b.is(ns, call.key))
+            .map(|b| &b.entry);
         Decision::from_statuses(
             call.policy
                 .quotas()
@@ -346,11 +430,11 @@ impl MemoryStore {
 }
 
 fn sweep(shard: &mut Shard, now: u64) {
-    shard.map.retain(|_, e| e.expires_at() > now);
+    shard.map.retain(|b| b.entry.expires_at() > now);
     shard.min_expiry = shard
         .map
-        .values()
-        .map(Entry::expires_at)
+        .iter()
+        .map(|b| b.entry.expires_at())
         .min()
         .unwrap_or(u64::MAX);
     shard.inserts_since_sweep = 0;
@@ -364,7 +448,19 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        StoreFuture::ready(self.charge_now(call))
+        // Built in place: the decision (144 bytes) is written where the caller
+        // reads it, not copied out through each return.
+        let mut out = StoreFuture::ready(Ok(Decision::building()));
+        if let StoreFuture::Ready(Some(result)) = &mut out {
+            let failed = match result {
+                Ok(decision) => self.charge_now(call, decision).err(),
+                Err(_) => None,
+            };
+            if let Some(err) = failed {
+                *result = Err(err);
+            }
+        }
+        out
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
