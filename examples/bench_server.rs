@@ -56,7 +56,7 @@ struct Args {
     redis_url: String,
     /// Multiplexed connections of the `redis` variant; pool size of `naive`
     /// (times 8).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     connections: usize,
     /// Requests per window per client.
     #[arg(long, default_value_t = 1_000_000_000)]
