@@ -5,7 +5,9 @@
 //! ```
 //!
 //! Variants: `none` (no limiter), `governor` (tower_governor, in-memory, per
-//! peer IP), `memory` and `redis` (this crate, per peer IP), and two
+//! peer IP, no rate-limit headers on allowed responses), `memory` and `redis`
+//! (this crate, per peer IP, GitHub-style headers on every response),
+//! `memory-bare` (this crate without headers, as tower_governor), and two
 //! hand-written baselines, axum `from_fn` middlewares that send one `EVALSHA`
 //! of `benches/fixed_window_standalone.lua` per request: `naive` checks a
 //! connection out of a deadpool pool for each, `multiplexed` shares one
@@ -27,13 +29,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_ratelimit::key::PeerIp;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{DenyCache, Quota, RateLimitLayer};
+use tower_ratelimit::{DenyCache, HeaderStyle, Quota, RateLimitLayer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {
     None,
     Governor,
     Memory,
+    /// `memory` without rate-limit headers (as tower_governor by default).
+    MemoryBare,
     Redis,
     Naive,
     Multiplexed,
@@ -100,6 +104,14 @@ async fn serve(args: Args) {
             RateLimitLayer::builder()
                 .quota(quota)
                 .key(PeerIp::new())
+                .build()
+                .expect("layer"),
+        ),
+        Variant::MemoryBare => app.layer(
+            RateLimitLayer::builder()
+                .quota(quota)
+                .key(PeerIp::new())
+                .headers(HeaderStyle::None)
                 .build()
                 .expect("layer"),
         ),

@@ -14,8 +14,9 @@
 # per request (/proc/PID/stat utime+stime), Redis round trips per request
 # (INFO commandstats: EVALSHA, EVAL, PING, UNWATCH, SCRIPT — what clients send;
 # commands run inside scripts are not round trips) and Redis CPU per request
-# (INFO cpu). Then a fixed-rate run at half the no-limiter throughput reports
-# the latency each limiter adds when not saturated, and a hammering client
+# (INFO cpu). Then fixed-rate runs at half and a quarter of the no-limiter
+# throughput (FIXED_FRACTIONS) report the latency each limiter adds when not
+# saturated, and a hammering client
 # (everything rejected) shows Redis commands per rejection with and without
 # the deny cache. Prints one Markdown table of medians, with ratios to the
 # no-limiter baseline of the same run.
@@ -25,7 +26,7 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
 FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
-VARIANTS=${VARIANTS:-"none governor memory redis multiplexed naive"}
+VARIANTS=${VARIANTS:-"none governor memory memory-bare redis multiplexed naive"}
 APP_CPU=${APP_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 
@@ -160,10 +161,14 @@ done
 
 BASE=$(awk '$1 == "sat" && $3 == "none" {print $4}' "$RESULTS" | sort -n |
   awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
-RATE=${FIXED_RATE:-$(awk -v b="$BASE" 'BEGIN {printf "%d", b / 2}')}
-echo "fixed rate: $RATE req/s (half the no-limiter median), ${FIXED_SECS}s per variant" >&2
-for r in $(seq "$ROUNDS"); do
-  for v in $VARIANTS; do fixed "$r" "$v" "$RATE"; done
+# Fractions of the no-limiter median to offer at a fixed rate (the issue asks
+# for half; a quarter shows the added latency where every variant keeps up).
+for frac in ${FIXED_FRACTIONS:-0.5 0.25}; do
+  RATE=$(awk -v b="$BASE" -v f="$frac" 'BEGIN {printf "%d", b * f}')
+  echo "fixed rate: $RATE req/s ($frac of the no-limiter median), ${FIXED_SECS}s per variant" >&2
+  for r in $(seq "$ROUNDS"); do
+    for v in $VARIANTS; do fixed "$r" "$v" "$RATE"; done
+  done
 done
 
 echo "hammering client: quota 10/min, wrk -c16 3s" >&2
@@ -181,45 +186,54 @@ for line in open(path):
         sat.setdefault(f[2], []).append([float(x) for x in f[3:10]])
     elif f[0] == "fixed":
         kv = dict(x.split("=") for x in f[4:])
-        fix.setdefault(f[2], []).append((float(kv["p50_us"]), float(kv["p99_us"]),
+        fix.setdefault(int(f[3]), {}).setdefault(f[2], []).append((float(kv["p50_us"]), float(kv["p99_us"]),
             int(kv["errors"]) + int(kv["dropped"]), float(kv["rate"]), float(f[3])))
     elif f[0] == "hammer":
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
 med = lambda xs: st.median(xs)
-order = [v for v in ["none", "governor", "memory", "redis", "multiplexed", "naive"] if v in sat]
+order = [v for v in ["none", "governor", "memory", "memory-bare", "redis", "multiplexed", "naive"] if v in sat]
 names = {"none": "no limiter", "governor": "tower_governor 0.8 (memory)", "memory": "tower-ratelimit, memory",
+         "memory-bare": "tower-ratelimit, memory, no headers",
          "redis": "tower-ratelimit, Redis",
          "multiplexed": "one shared multiplexed connection + EVALSHA per request",
          "naive": "naive deadpool + EVALSHA per request"}
 base = med([s[0] for s in sat["none"]]) if "none" in sat else None
-bfix = med([x[1] for x in fix["none"]]) if "none" in fix else None
 print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -c{conns} -d{secs}s; "
       f"fixed rate: examples/loadgen.rs for {fsecs}s. Medians over rounds.\n")
-print("| variant | req/s | × no limiter | p50 | p99 | app CPU µs/req | Redis cmds/req | Redis CPU µs/req | fixed-rate p50 | fixed-rate p99 | added p99 |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| variant | req/s | × no limiter | p50 | p99 | app CPU µs/req | Redis cmds/req | Redis CPU µs/req |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for v in order:
     s = sat[v]
     rps = med([x[0] for x in s])
     ratio = f"{rps / base:.2f}×" if base else "-"
-    fx = fix.get(v, [])
-    fp50 = f"{med([x[0] for x in fx]) / 1000:.2f} ms" if fx else "-"
-    fp99 = f"{med([x[1] for x in fx]) / 1000:.2f} ms" if fx else "-"
-    added = "-"
-    if fx and med([x[3] / x[4] for x in fx]) < 0.97:
-        # Could not keep up with the offered rate: its latencies are queueing, not the limiter's.
-        fp50, fp99, added = "overloaded", "overloaded", "-"
-    elif fx and bfix is not None and v != "none":
-        added = f"{(med([x[1] for x in fx]) - bfix) / 1000:+.2f} ms"
     non2xx = sum(x[6] for x in s)
     note = f" ({int(non2xx)} non-2xx)" if non2xx else ""
     print(f"| {names[v]}{note} | {rps:,.0f} | {ratio} | {med([x[1] for x in s]) / 1000:.2f} ms | "
           f"{med([x[2] for x in s]) / 1000:.2f} ms | {med([x[3] for x in s]):.1f} | "
-          f"{med([x[4] for x in s]):.2f} | {med([x[5] for x in s]):.1f} | {fp50} | {fp99} | {added} |")
-if fix:
-    rate = med([x[3] for xs in fix.values() for x in xs])
-    print(f"\nFixed-rate runs offered {med([x[4] for xs in fix.values() for x in xs]):,.0f} req/s; errors or drops: "
-          + ", ".join(f"{v} {sum(x[2] for x in fix[v])}" for v in order if v in fix) + ".")
+          f"{med([x[4] for x in s]):.2f} | {med([x[5] for x in s]):.1f} |")
+rates = sorted(fix, reverse=True)
+if rates:
+    print()
+    print("| variant | " + " | ".join(f"{r:,} req/s: p50 / p99 / added p99" for r in rates) + " |")
+    print("|---|" + "---:|" * len(rates))
+    for v in order:
+        cells = []
+        for r in rates:
+            fx = fix[r].get(v, [])
+            if not fx:
+                cells.append("-")
+                continue
+            if med([x[3] / x[4] for x in fx]) < 0.97 or sum(x[2] for x in fx):
+                # Could not keep up with the offered rate: its latencies are queueing, not the limiter's.
+                cells.append("overloaded")
+                continue
+            p50, p99 = med([x[0] for x in fx]), med([x[1] for x in fx])
+            added = "-"
+            if v != "none" and "none" in fix[r]:
+                added = f"{(p99 - med([x[1] for x in fix[r]['none']])) / 1000:+.2f} ms"
+            cells.append(f"{p50 / 1000:.2f} / {p99 / 1000:.2f} ms / {added}")
+        print(f"| {names[v]} | " + " | ".join(cells) + " |")
 for label, reqs, non2xx, cmds in ham:
     print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
           f"{int(cmds)} Redis commands ({cmds / max(non2xx, 1):.4f} per rejected request).")
