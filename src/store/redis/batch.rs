@@ -2,14 +2,16 @@
 //! carries every charge waiting for a connection, and each request still gets
 //! its own decision, read and written atomically in order inside the script.
 //!
-//! Each lane (one multiplexed connection) has a queue and at most one batch in
-//! flight. A charge joins an idle lane's queue when there is one and its
-//! batch leaves at once (an idle service sends every request alone, without
-//! waiting); otherwise it waits for the lane's batch in flight to come back
-//! and leaves with everything queued behind it, up to [`MAX_BATCH`]. So a
-//! request waits at most one batch's round trip for company, never for a
-//! timer, and under load Redis runs one script call (one read, one write
-//! system call) for many decisions instead of one per request.
+//! Each lane (one multiplexed connection) has a queue and a runner task. The
+//! runner yields once to the scheduler, so every request that is ready to run
+//! joins, then sends everything queued (up to [`MAX_BATCH`]) as one script
+//! call, pipelined on the connection, with at most [`BATCHES_IN_FLIGHT`]
+//! calls in flight per lane. An idle service therefore sends every request
+//! alone and at once; a busy one sends one call per scheduler pass; and when
+//! Redis falls behind, charges queue until a call comes back and leave
+//! together. No request ever waits for a timer or for a batch to fill, and
+//! under load Redis runs one script call (one read, one write system call)
+//! for many decisions instead of one per request.
 //!
 //! Safety:
 //! - Replies come back by position, one per request, into that request's own
@@ -34,11 +36,14 @@ use crate::quota::Policy;
 use deadpool_redis::redis::{self, Cmd, FromRedisValue, Script, Value};
 use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 
 /// The most requests one script call carries (about 0.2 ms of Redis time for
 /// single-quota policies, so no batch holds Redis for long).
 pub(crate) const MAX_BATCH: usize = 64;
+
+/// Batches one lane may have in flight at once (pipelined on its connection).
+pub(crate) const BATCHES_IN_FLIGHT: usize = 4;
 
 /// The most requests waiting on one lane.
 pub(crate) const MAX_QUEUED: usize = 4096;
@@ -59,12 +64,32 @@ pub(crate) type JobReply = Result<Decision, StoreError>;
 type Waiting = (Job, oneshot::Sender<JobReply>);
 
 /// A lane's queue.
-#[derive(Default)]
 pub(crate) struct Queue {
     waiting: Vec<Waiting>,
     /// Whether a runner task is sending this lane's batches.
     running: bool,
+    /// One permit per batch that may be in flight on the lane at once.
+    slots: Arc<Semaphore>,
 }
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            waiting: Vec::new(),
+            running: false,
+            slots: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
+        }
+    }
+}
+
+impl Queue {
+    /// Empties the queue (dropping the senders answers their callers) and marks it idle.
+    fn reset(&mut self) {
+        self.waiting.clear();
+        self.running = false;
+    }
+}
+
 
 fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     q.lock().unwrap_or_else(PoisonError::into_inner)
@@ -188,7 +213,7 @@ impl Lanes {
                     rt.spawn(run(self.clone(), lane));
                 }
                 // Dropping the queued senders answers their callers.
-                Err(_) => *lock(&queues[lane]) = Queue::default(),
+                Err(_) => lock(&queues[lane]).reset(),
             }
         }
         rx
@@ -222,7 +247,7 @@ struct Running<'a> {
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            *lock(&self.lanes.queues()[self.lane]) = Queue::default();
+            lock(&self.lanes.queues()[self.lane]).reset();
         }
     }
 }
@@ -234,7 +259,15 @@ async fn run(lanes: Arc<Lanes>, lane: usize) {
         lane,
         finished: false,
     };
+    let slots = lock(&lanes.queues()[lane]).slots.clone();
     loop {
+        // Let every request that is ready to run join this batch: one pass
+        // of the scheduler, never a timer.
+        tokio::task::yield_now().await;
+        // With every slot taken, charges queue up for the next batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let batch: Vec<Waiting> = {
             let mut q = lock(&lanes.queues()[lane]);
             if q.waiting.is_empty() {
@@ -251,17 +284,21 @@ async fn run(lanes: Arc<Lanes>, lane: usize) {
         if jobs.is_empty() {
             continue;
         }
-        match lanes.send_batch(lane, &jobs).await {
-            Ok(replies) => {
-                for (tx, r) in senders.into_iter().zip(replies) {
-                    let _ = tx.send(r);
+        let lanes = lanes.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            match lanes.send_batch(lane, &jobs).await {
+                Ok(replies) => {
+                    for (tx, r) in senders.into_iter().zip(replies) {
+                        let _ = tx.send(r);
+                    }
+                }
+                Err(e) => {
+                    for tx in senders {
+                        let _ = tx.send(Err(e.clone()));
+                    }
                 }
             }
-            Err(e) => {
-                for tx in senders {
-                    let _ = tx.send(Err(e.clone()));
-                }
-            }
-        }
+        });
     }
 }
