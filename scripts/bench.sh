@@ -71,6 +71,9 @@ done
 rcli() { redis-cli -p "$RPORT" "$@"; }
 
 TCK=$(getconf CLK_TCK)
+# CPU steal (time the hypervisor gave to other guests) over the whole run.
+steal_ticks() { awk '/^cpu / {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+read -r STEAL0 TOTAL0 < <(steal_ticks)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 redis_cmds() {
@@ -175,10 +178,12 @@ echo "hammering client: quota 10/min, wrk -c16 3s" >&2
 hammer "deny cache on"
 hammer "deny cache off" --no-deny-cache
 
+read -r STEAL1 TOTAL1 < <(steal_ticks)
+STEAL=$(awk -v a="$STEAL0" -v b="$STEAL1" -v c="$TOTAL0" -v d="$TOTAL1" 'BEGIN {printf "%.1f", (b - a) * 100 / (d - c)}')
 MACHINE="$(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(uname -sr), $(redis-server --version | awk '{print $1, $2, $3}')"
-python3 - "$RESULTS" "$MACHINE" "$ROUNDS" "$SECS" "$FIXED_SECS" "$CONNS" <<'EOF'
+python3 - "$RESULTS" "$MACHINE" "$ROUNDS" "$SECS" "$FIXED_SECS" "$CONNS" "$STEAL" <<'EOF'
 import sys, statistics as st
-path, machine, rounds, secs, fsecs, conns = sys.argv[1:]
+path, machine, rounds, secs, fsecs, conns, steal = sys.argv[1:]
 sat, fix, ham = {}, {}, []
 for line in open(path):
     f = line.split()
@@ -200,7 +205,9 @@ names = {"none": "no limiter", "governor": "tower_governor 0.8 (memory)", "memor
          "naive": "naive deadpool + EVALSHA per request"}
 base = med([s[0] for s in sat["none"]]) if "none" in sat else None
 print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -c{conns} -d{secs}s; "
-      f"fixed rate: examples/loadgen.rs for {fsecs}s. Medians over rounds.\n")
+      f"fixed rate: examples/loadgen.rs for {fsecs}s. Medians over rounds. "
+      f"CPU steal during the run: {steal}% (time the hypervisor gave to other guests; "
+      f"above a few percent, latencies and absolute rates are the host's, not the code's).\n")
 print("| variant | req/s | × no limiter | p50 | p99 | app CPU µs/req | Redis cmds/req | Redis CPU µs/req |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for v in order:

@@ -140,16 +140,13 @@ impl RedisStoreBuilder {
 
     /// Multiplexed connections to the primary (default 1).
     ///
-    /// Each connection has at most one batch of charges in flight: a charge
-    /// made while one is in flight waits for it and leaves with everything
-    /// queued behind it (up to 64 per script call), so under load Redis runs
-    /// one script call for many decisions; a charge made on an idle connection
-    /// leaves at once. More connections mean smaller batches: a request waits
-    /// less for company, but Redis spends more CPU per decision (measured in
-    /// the README: one connection carried twice as many charges per call as
-    /// two, for about 12% less Redis CPU per decision and more throughput).
-    /// Raise it when the round trip to Redis is long compared with the time
-    /// Redis takes to run a batch (a distant Redis). Each
+    /// Charges on a connection travel in batches: a runner task sends
+    /// everything queued as one script call (up to 64 charges), pipelined,
+    /// with up to 4 calls in flight; when all 4 are out, charges queue and
+    /// leave together with the next. A charge made on an idle service leaves
+    /// at once. More connections mean smaller batches and more Redis CPU per
+    /// decision; raise it only when the round trip to Redis is long compared
+    /// with the time Redis takes to run a batch (a distant Redis). Each
     /// connection queues at most 4,096 charges; past that, charges fail at
     /// once (per the layer's failure policy) instead of piling up behind a
     /// stalled Redis.
