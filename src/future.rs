@@ -27,6 +27,21 @@ struct Waiting<S, B> {
     body: B,
 }
 
+impl<S, B> Waiting<S, B>
+where
+    S: Service<Request<B>>,
+{
+    /// Hands the request to the inner service.
+    fn forward(self) -> S::Future {
+        let Waiting {
+            mut service,
+            parts,
+            body,
+        } = self;
+        service.call(Request::from_parts(parts, body))
+    }
+}
+
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
     pub struct ResponseFuture<S, B>
@@ -219,13 +234,9 @@ where
                                 .charge(key, policy, cost, now, grpc, this.charged)
                             {
                                 Charging::Decided(Verdict::Forward) => {
-                                    let Waiting {
-                                        mut service,
-                                        parts,
-                                        body,
-                                    } = waiting;
-                                    let fut = service.call(Request::from_parts(parts, body));
-                                    this.state.set(State::Inner { fut });
+                                    this.state.set(State::Inner {
+                                        fut: waiting.forward(),
+                                    });
                                 }
                                 Charging::Decided(Verdict::Answer(res)) => {
                                     this.state.set(State::Answered { res: Some(res) });
@@ -239,13 +250,9 @@ where
                         }
                         Ok(None) => {
                             this.limiter.exempt();
-                            let Waiting {
-                                mut service,
-                                parts,
-                                body,
-                            } = waiting;
-                            let fut = service.call(Request::from_parts(parts, body));
-                            this.state.set(State::Inner { fut });
+                            this.state.set(State::Inner {
+                                fut: waiting.forward(),
+                            });
                         }
                         Err(e) => {
                             let res = this

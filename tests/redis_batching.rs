@@ -86,6 +86,19 @@ fn script_internal(entries: &[MonitorEntry], name: &str) -> usize {
         .count()
 }
 
+/// A server and a store with default settings, warmed up, and the time to
+/// charge at; `None` when Redis is not installed (outside CI).
+async fn started() -> Option<(RedisServer, RedisStore, u64)> {
+    if !require_redis() {
+        return None;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+    Some((server, store, now))
+}
+
 /// Warms a store up: its connection open and the script loaded.
 async fn warm(store: &RedisStore, now: u64) {
     let ns = Namespace::new("warm");
@@ -167,13 +180,10 @@ impl Crowd {
 
 #[tokio::test]
 async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision() {
-    if !require_redis() {
+    let Some((server, store, now)) = started().await else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
-    // Connections open and the script for these algorithms loaded.
+    };
+    // The script for these algorithms loaded.
     Crowd::new("warm").run(&store, now).await;
 
     let monitor = server.monitor();
@@ -193,13 +203,9 @@ async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision
 
 #[tokio::test]
 async fn an_idle_service_sends_each_charge_alone_and_at_once() {
-    if !require_redis() {
+    let Some((server, store, now)) = started().await else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
-    warm(&store, now).await;
+    };
     let ns = Namespace::new("idle");
     let key = Key::new("one");
     let p = fixed(100);
@@ -218,13 +224,9 @@ async fn an_idle_service_sends_each_charge_alone_and_at_once() {
 
 #[tokio::test]
 async fn noscript_inside_a_batch_reloads_and_resends_without_charging_twice() {
-    if !require_redis() {
+    let Some((server, store, now)) = started().await else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
-    warm(&store, now).await;
+    };
     server.cmd(&["SCRIPT", "FLUSH"]);
 
     let monitor = server.monitor();
@@ -245,13 +247,9 @@ async fn noscript_inside_a_batch_reloads_and_resends_without_charging_twice() {
 
 #[tokio::test]
 async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
-    if !require_redis() {
+    let Some((server, store, now)) = started().await else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
-    warm(&store, now).await;
+    };
     let ns = Namespace::new("cancel");
     let p = fixed(10);
     let kept: Vec<Key> = (0..10).map(|i| Key::new(format!("kept{i}"))).collect();
@@ -292,13 +290,9 @@ async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
 
 #[tokio::test]
 async fn one_requests_failure_inside_a_batch_leaves_the_others_decided() {
-    if !require_redis() {
+    let Some((server, store, now)) = started().await else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
-    warm(&store, now).await;
+    };
     let ns = Namespace::new("wrongtype");
     let p = fixed(10);
     let keys: Vec<Key> = (0..40).map(|i| Key::new(format!("c{i}"))).collect();
@@ -332,20 +326,13 @@ async fn one_requests_failure_inside_a_batch_leaves_the_others_decided() {
 
 #[tokio::test]
 async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
-    if !require_redis() {
+    // One connection (the default) queues at most 4,096 charges.
+    let Some((server, store, now)) = started().await else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .connections(1)
-        .build()
-        .unwrap();
-    let now = SystemClock.now_ms();
-    warm(&store, now).await;
+    };
     let ns = Namespace::new("cap");
     let p = fixed(1_000_000);
     let key = Key::new("busy");
-    // One connection queues at most 4,096 charges.
     let results = join_all((0..4_100).map(|_| charge(&store, &ns, &key, &p, now))).await;
     let refused: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert_eq!(refused.len(), 4);

@@ -90,7 +90,6 @@ impl Queue {
     }
 }
 
-
 fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     q.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -25,6 +25,26 @@ impl RedisStore {
 
     /// The slots and tombstones keys: the rate limiter's key for the same
     /// client with a suffix, so both share one hash slot and never collide.
+    /// An `EVALSHA` of `script` on `key`'s slots and tombstones, with the time and lease.
+    fn slot_cmd(
+        &self,
+        script: &redis::Script,
+        namespace: &Namespace,
+        key: &Key,
+        now: String,
+        lease: std::time::Duration,
+    ) -> redis::Cmd {
+        let (slots, tombstones) = self.slot_keys(namespace, key);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(2)
+            .arg(slots)
+            .arg(tombstones)
+            .arg(now)
+            .arg(lease.as_millis() as u64);
+        cmd
+    }
+
     fn slot_keys(&self, namespace: &Namespace, key: &Key) -> (String, String) {
         let base = keys::redis_key(&self.inner.prefix, namespace, key);
         (format!("{base}:slots"), format!("{base}:released"))
@@ -54,17 +74,9 @@ fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError>
 impl SlotStore for RedisStore {
     fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
         let (now, sent_now) = self.now_arg(call.now_ms);
-        let (slots, tombstones) = self.slot_keys(call.namespace, call.key);
         let script = &*scripts::CONCURRENCY_ACQUIRE;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(2)
-            .arg(slots)
-            .arg(tombstones)
-            .arg(now)
-            .arg(call.lease.as_millis() as u64)
-            .arg(call.limit)
-            .arg(call.id.to_string());
+        let mut cmd = self.slot_cmd(script, call.namespace, call.key, now, call.lease);
+        cmd.arg(call.limit).arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
         StoreFuture::pending(async move {
@@ -75,16 +87,9 @@ impl SlotStore for RedisStore {
 
     fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
         let (now, _) = self.now_arg(call.now_ms);
-        let (slots, tombstones) = self.slot_keys(call.namespace, call.key);
         let script = &*scripts::CONCURRENCY_RELEASE;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(2)
-            .arg(slots)
-            .arg(tombstones)
-            .arg(now)
-            .arg(call.lease.as_millis() as u64)
-            .arg(call.id.to_string());
+        let mut cmd = self.slot_cmd(script, call.namespace, call.key, now, call.lease);
+        cmd.arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
         StoreFuture::pending(async move {
