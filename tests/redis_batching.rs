@@ -346,3 +346,56 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
     let count = server.cmd(&["HGET", &store.redis_key(&ns, &key), "fw60000c"]);
     assert_eq!(count.as_string(), "4096");
 }
+
+#[test]
+fn a_runtime_shut_down_mid_batch_leaves_the_store_usable_from_another() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    let (ns, p) = (Namespace::new("runtimes"), fixed(10));
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    first.block_on(warm(&store, now));
+    // Redis holds every batch: four leave one by one and stay in flight (the
+    // most a connection sends at once), and the runner waits with a fifth
+    // when the runtime goes.
+    server.pause();
+    let keys: Vec<Key> = (0..5).map(|i| Key::new(format!("stranded{i}"))).collect();
+    let mut stranded = Vec::new();
+    for key in &keys {
+        stranded.push(first.spawn(charge(&store, &ns, key, &p, now)));
+        first.block_on(async {
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+    assert!(stranded.iter().all(|t| !t.is_finished()));
+    drop(first);
+    server.resume();
+
+    // Another runtime: a new runner and, after at most one failed call on the
+    // connection whose task died with the first runtime, a fresh connection.
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = Key::new("other");
+    let decided = second.block_on(async {
+        for _ in 0..3 {
+            if let Ok(d) = charge(&store, &ns, &other, &p, now).await {
+                return Some(d);
+            }
+        }
+        None
+    });
+    assert_eq!(
+        decided.expect("the store recovers").statuses()[0].remaining,
+        9
+    );
+}
