@@ -18,14 +18,17 @@
 //!   channel: a reply can never reach another request.
 //! - A request whose caller gave up (timed out, dropped) before its batch left
 //!   is taken out of it and never charged.
-//! - `NOSCRIPT` means the script did not run at all: the whole batch is
-//!   reloaded and re-sent once (redis-rs's `invoke_async`), never charged twice.
+//! - `NOSCRIPT` means the script did not run at all: the script is loaded and
+//!   the whole batch re-sent once (`Call::Eval`), never charged twice.
 //! - A failure of one request inside the script (say, its key holds another
 //!   type) answers that request with an error and leaves the rest of the batch
 //!   alone; a failure of the call (connection, timeout, `OOM`, `BUSY`) answers
 //!   every request of the batch with it, through the layer's failure policy.
 //! - A lane's queue holds at most [`MAX_QUEUED`] requests; past that a charge
 //!   fails at once rather than queueing behind a stalled Redis.
+//! - A runner dropped mid-way (its runtime shut down) marks its lane idle and
+//!   answers what was queued with an error, so a store shared by several
+//!   runtimes keeps working from the others.
 
 use super::connection::{breaks_connection, redis_error, Call, Lanes};
 use super::keys::HashKey;
