@@ -132,6 +132,9 @@ async fn run(b: &Arc<Bench>, total: u64, concurrency: usize) -> Duration {
     start.elapsed()
 }
 
+/// A script call's keys and arguments.
+type KeysAndArgs = (Vec<String>, Vec<String>);
+
 /// This process's CPU time (user + system), in seconds, from `/proc/self/stat`.
 fn own_cpu_secs() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -277,7 +280,8 @@ fn main() {
             })
             .to_vec(),
     );
-    let scripts: [(&str, &str, usize, (Vec<String>, Vec<String>)); 3] = [
+    // (name, body, requests per call, (keys, arguments))
+    let scripts: [(&str, &str, usize, KeysAndArgs); 3] = [
         ("charge.lua, 1 request per call", charge, 1, batch(1)),
         ("charge.lua, 32 requests per call", charge, 32, batch(32)),
         (
