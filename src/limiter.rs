@@ -300,7 +300,7 @@ impl Limiter {
         let m = self.metrics();
         if let Source::Store { started } = p.source {
             if let Some(t) = started {
-                m.charge_duration.record(t.elapsed().as_secs_f64());
+                m.decide_duration.record(t.elapsed().as_secs_f64());
             }
             match &result {
                 Ok(_) => {
@@ -527,19 +527,10 @@ impl Limiter {
     }
 
     fn refunded(&self, result: Result<(), StoreError>, started: Option<Instant>) {
-        let m = self.metrics();
-        if let Some(t) = started {
-            m.refund_duration.record(t.elapsed().as_secs_f64());
-        }
-        match result {
-            Ok(()) => m.refunds_ok.increment(1),
-            Err(err) => {
-                m.refunds_failed.increment(1);
-                m.store_error(err.kind());
-                self.log.event(&self.log.store_error, || {
-                    tracing::warn!(limiter = self.namespace.name(), error = %err, kind = err.kind(), "rate limit refund failed; the charge stands");
-                });
-            }
+        if let Err(err) = self.metrics().off_path_done(result, started) {
+            self.log.event(&self.log.store_error, || {
+                tracing::warn!(limiter = self.namespace.name(), error = %err, kind = err.kind(), "rate limit refund failed; the charge stands");
+            });
         }
     }
 }

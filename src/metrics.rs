@@ -18,55 +18,184 @@
 //! prefixes, `concurrency_` and `load_shed_`: see [`crate::concurrency`] and
 //! [`crate::shed`].
 
+use crate::error::StoreError;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Instant;
 
-/// Handles for one limiter, registered on first use (after the application
-/// has installed its recorder).
-pub(crate) struct Metrics {
+/// The names of a store-backed limiter's series: `{prefix}_decisions_total`,
+/// `{prefix}_store_duration_seconds` with `op` = `decide` or `off_path`, and
+/// `{prefix}_{off_path_total}` for the calls no request waits for.
+pub(crate) struct Series {
+    pub(crate) prefix: &'static str,
+    /// The `op` label of the call that decides (`charge`, `acquire`).
+    pub(crate) decide: &'static str,
+    /// The `op` label of the call run off the response path (`refund`, `release`).
+    pub(crate) off_path: &'static str,
+    /// That call's counter, after the prefix (`refunds_total`, `releases_total`).
+    pub(crate) off_path_total: &'static str,
+}
+
+/// The rate limiter's series.
+const RATE_LIMIT: Series = Series {
+    prefix: "ratelimit",
+    decide: "charge",
+    off_path: "refund",
+    off_path_total: "refunds_total",
+};
+
+/// Handles shared by the store-backed limiters (the rate limiter and the
+/// concurrency limiter), registered on first use (after the application has
+/// installed its recorder).
+pub(crate) struct StoreMetrics {
+    prefix: &'static str,
     name: Arc<str>,
     pub(crate) allowed: Counter,
     pub(crate) rejected: Counter,
     pub(crate) exempt: Counter,
     pub(crate) key_error: Counter,
     pub(crate) shadow_rejected: Counter,
-    pub(crate) deny_cache_hits: Counter,
-    pub(crate) charge_duration: Histogram,
-    pub(crate) refund_duration: Histogram,
+    pub(crate) decide_duration: Histogram,
+    off_path_duration: Histogram,
     pub(crate) fail_open: Counter,
     pub(crate) fail_closed: Counter,
     pub(crate) fail_local: Counter,
     pub(crate) breaker_state: Gauge,
-    pub(crate) refunds_ok: Counter,
-    pub(crate) refunds_failed: Counter,
+    off_path_ok: Counter,
+    pub(crate) off_path_failed: Counter,
 }
 
-impl Metrics {
-    pub(crate) fn new(name: &str) -> Self {
+impl StoreMetrics {
+    pub(crate) fn new(series: &Series, name: &str) -> Self {
+        let p = series.prefix;
         let l = name.to_owned();
-        let decision = |outcome: &'static str| counter!("ratelimit_decisions_total", "limiter" => l.clone(), "outcome" => outcome);
-        let failure = |action: &'static str| counter!("ratelimit_store_failure_decisions_total", "limiter" => l.clone(), "action" => action);
+        let decision = |outcome: &'static str| counter!(format!("{p}_decisions_total"), "limiter" => l.clone(), "outcome" => outcome);
+        let failure = |action: &'static str| counter!(format!("{p}_store_failure_decisions_total"), "limiter" => l.clone(), "action" => action);
+        let duration = |op: &'static str| histogram!(format!("{p}_store_duration_seconds"), "limiter" => l.clone(), "op" => op);
+        let off_path = |result: &'static str| counter!(format!("{p}_{}", series.off_path_total), "limiter" => l.clone(), "result" => result);
         Self {
+            prefix: p,
             name: Arc::from(name),
             allowed: decision("allowed"),
             rejected: decision("rejected"),
             exempt: decision("exempt"),
             key_error: decision("key_error"),
-            shadow_rejected: counter!("ratelimit_shadow_rejections_total", "limiter" => l.clone()),
-            deny_cache_hits: counter!("ratelimit_deny_cache_hits_total", "limiter" => l.clone()),
-            charge_duration: histogram!("ratelimit_store_duration_seconds", "limiter" => l.clone(), "op" => "charge"),
-            refund_duration: histogram!("ratelimit_store_duration_seconds", "limiter" => l.clone(), "op" => "refund"),
+            shadow_rejected: counter!(format!("{p}_shadow_rejections_total"), "limiter" => l.clone()),
+            decide_duration: duration(series.decide),
+            off_path_duration: duration(series.off_path),
             fail_open: failure("open"),
             fail_closed: failure("closed"),
             fail_local: failure("local"),
-            breaker_state: gauge!("ratelimit_breaker_state", "limiter" => l.clone()),
-            refunds_ok: counter!("ratelimit_refunds_total", "limiter" => l.clone(), "result" => "ok"),
-            refunds_failed: counter!("ratelimit_refunds_total", "limiter" => l, "result" => "failed"),
+            breaker_state: gauge!(format!("{p}_breaker_state"), "limiter" => l.clone()),
+            off_path_ok: off_path("ok"),
+            off_path_failed: off_path("failed"),
         }
     }
 
     /// Store errors are rare: their `kind` label is registered when they happen.
     pub(crate) fn store_error(&self, kind: &'static str) {
-        counter!("ratelimit_store_errors_total", "limiter" => self.name.to_string(), "kind" => kind).increment(1);
+        counter!(format!("{}_store_errors_total", self.prefix), "limiter" => self.name.to_string(), "kind" => kind).increment(1);
+    }
+
+    /// Records how an off-path call (a refund, a slot release) ended; returns
+    /// its error, for the caller to log in its own words.
+    pub(crate) fn off_path_done(
+        &self,
+        result: Result<(), StoreError>,
+        started: Option<Instant>,
+    ) -> Result<(), StoreError> {
+        if let Some(t) = started {
+            self.off_path_duration.record(t.elapsed().as_secs_f64());
+        }
+        match &result {
+            Ok(()) => self.off_path_ok.increment(1),
+            Err(err) => {
+                self.off_path_failed.increment(1);
+                self.store_error(err.kind());
+            }
+        }
+        result
+    }
+}
+
+/// The rate limiter's handles: the shared ones, and the deny cache's.
+pub(crate) struct Metrics {
+    store: StoreMetrics,
+    pub(crate) deny_cache_hits: Counter,
+}
+
+impl Metrics {
+    pub(crate) fn new(name: &str) -> Self {
+        Self {
+            store: StoreMetrics::new(&RATE_LIMIT, name),
+            deny_cache_hits: counter!("ratelimit_deny_cache_hits_total", "limiter" => name.to_owned()),
+        }
+    }
+}
+
+impl Deref for Metrics {
+    type Target = StoreMetrics;
+
+    fn deref(&self) -> &StoreMetrics {
+        &self.store
+    }
+}
+
+/// Every series the metrics built by `build` register, as
+/// `name{label=value,...}` without the `limiter` label, sorted (for tests).
+#[cfg(test)]
+pub(crate) fn registered(build: impl FnOnce()) -> Vec<String> {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, build);
+    let mut out: Vec<String> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, _)| {
+            let labels: Vec<String> = k
+                .key()
+                .labels()
+                .filter(|l| l.key() != "limiter")
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            format!("{}{{{}}}", k.key().name(), labels.join(","))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_limiter_registers_the_documented_series() {
+        let got = registered(|| {
+            let m = Metrics::new("api");
+            m.store_error("timeout");
+        });
+        assert_eq!(
+            got,
+            [
+                "ratelimit_breaker_state{}",
+                "ratelimit_decisions_total{outcome=allowed}",
+                "ratelimit_decisions_total{outcome=exempt}",
+                "ratelimit_decisions_total{outcome=key_error}",
+                "ratelimit_decisions_total{outcome=rejected}",
+                "ratelimit_deny_cache_hits_total{}",
+                "ratelimit_refunds_total{result=failed}",
+                "ratelimit_refunds_total{result=ok}",
+                "ratelimit_shadow_rejections_total{}",
+                "ratelimit_store_duration_seconds{op=charge}",
+                "ratelimit_store_duration_seconds{op=refund}",
+                "ratelimit_store_errors_total{kind=timeout}",
+                "ratelimit_store_failure_decisions_total{action=closed}",
+                "ratelimit_store_failure_decisions_total{action=local}",
+                "ratelimit_store_failure_decisions_total{action=open}",
+            ]
+        );
     }
 }

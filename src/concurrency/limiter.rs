@@ -171,7 +171,7 @@ impl Limiter {
     ) -> Option<Response<Bytes>> {
         let m = self.metrics();
         if let Some(t) = started {
-            m.acquire_duration.record(t.elapsed().as_secs_f64());
+            m.decide_duration.record(t.elapsed().as_secs_f64());
         }
         match &result {
             Ok(_) => {
@@ -322,7 +322,7 @@ impl Limiter {
         let fut = self.store.release(&call);
         if !crate::limiter::run_off_path(fut, move |result, started| this.released(result, started))
         {
-            self.metrics().releases_failed.increment(1);
+            self.metrics().off_path_failed.increment(1);
             tracing::warn!(
                 limiter = self.namespace.name(),
                 "no tokio runtime to release a concurrency slot on; it expires with its lease"
@@ -331,19 +331,10 @@ impl Limiter {
     }
 
     fn released(&self, result: Result<(), StoreError>, started: Option<Instant>) {
-        let m = self.metrics();
-        if let Some(t) = started {
-            m.release_duration.record(t.elapsed().as_secs_f64());
-        }
-        match result {
-            Ok(()) => m.releases_ok.increment(1),
-            Err(err) => {
-                m.releases_failed.increment(1);
-                m.store_error(err.kind());
-                self.log.event(&self.log.store_error, || {
-                    tracing::warn!(limiter = self.namespace.name(), error = %err, kind = err.kind(), "concurrency slot release failed; the slot expires with its lease");
-                });
-            }
+        if let Err(err) = self.metrics().off_path_done(result, started) {
+            self.log.event(&self.log.store_error, || {
+                tracing::warn!(limiter = self.namespace.name(), error = %err, kind = err.kind(), "concurrency slot release failed; the slot expires with its lease");
+            });
         }
     }
 }
