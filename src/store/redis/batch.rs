@@ -194,12 +194,14 @@ impl Lanes {
         let (tx, rx) = oneshot::channel();
         let queues = self.queues();
         let first = self.next_lane();
-        let lane = (0..queues.len())
-            .map(|k| (first + k) % queues.len())
-            .find(|&i| !lock(&queues[i]).running)
-            .unwrap_or(first);
-        let start = {
+        // Each lane is locked once: the first idle one takes the job, else the
+        // last one tried.
+        for k in 0..queues.len() {
+            let lane = (first + k) % queues.len();
             let mut q = lock(&queues[lane]);
+            if q.running && k + 1 < queues.len() {
+                continue;
+            }
             if q.waiting.len() >= MAX_QUEUED {
                 let _ = tx.send(Err(StoreError::Unavailable(format!(
                     "{MAX_QUEUED} charges already wait for this redis connection"
@@ -207,18 +209,19 @@ impl Lanes {
                 return rx;
             }
             q.waiting.push((job, tx));
-            !std::mem::replace(&mut q.running, true)
-        };
-        if start {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(run(self.clone(), lane));
+            if !std::mem::replace(&mut q.running, true) {
+                drop(q);
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => {
+                        rt.spawn(run(self.clone(), lane));
+                    }
+                    // Dropping the queued senders answers their callers.
+                    Err(_) => lock(&queues[lane]).reset(),
                 }
-                // Dropping the queued senders answers their callers.
-                Err(_) => lock(&queues[lane]).reset(),
             }
+            return rx;
         }
-        rx
+        unreachable!("a store has at least one connection")
     }
 
     /// Sends one batch on lane `lane`: one answer per job, or the call's error.
