@@ -11,8 +11,9 @@
 --                                expiry and whether it may have moved (else
 --                                the key's PEXPIREAT is already right)
 --   refund(q, v, id, now, cost, set)
--- and may define alone(q, hash, now, cost, out): the whole charge of a policy
--- of that one quota, faster (see lua/charge.lua).
+-- and may define alone(q, hash, now, cost, out, cost_arg): the whole charge
+-- of a policy of that one quota, faster (see lua/charge.lua; cost_arg is the
+-- cost as sent, a decimal string).
 --
 -- Quota arguments: q.a = limit, q.b = window (ms).
 -- Hash fields: <prefix>c = units charged in the window, <prefix>r = the
@@ -57,7 +58,7 @@ end
 -- no intermediate tables: the same read, decision, reply and writes as
 -- read/fits/reply/write above and lua/charge.lua's charge_one. Appends the
 -- request's reply (its length, allowed, now, count, reset) to `out`.
-function fixed_window.alone(q, hash, now, cost, out)
+function fixed_window.alone(q, hash, now, cost, out, cost_arg)
   local v = redis.call('HMGET', hash, q.f.c, q.f.r)
   local c, r = tonumber(v[1]), tonumber(v[2])
   local fresh = c == nil or r == nil or r <= now
@@ -76,7 +77,9 @@ function fixed_window.alone(q, hash, now, cost, out)
       redis.call('HSET', hash, q.f.c, c + cost, q.f.r, r)
       redis.call('PEXPIREAT', hash, r + 1000)
     else
-      redis.call('HSET', hash, q.f.c, c + cost)
+      -- The same write as HSET c + cost, without turning a Lua number back
+      -- into a string (snprintf): the stored count is an integer we wrote.
+      redis.call('HINCRBY', hash, q.f.c, cost_arg)
     end
   end
 end

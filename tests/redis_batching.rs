@@ -201,6 +201,71 @@ async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision
     assert_every_key_has_a_ttl(&server);
 }
 
+/// One batch whose requests differ in time, cost, policy and algorithm
+/// (each request's arguments are parsed again only when they change from the
+/// previous request's, lua/charge.lua) decides exactly as the memory store
+/// does taking the same requests one by one.
+#[tokio::test]
+async fn a_batch_of_different_times_costs_and_policies_decides_as_the_memory_store_in_order() {
+    let Some((server, store, now)) = started().await else {
+        return;
+    };
+    let ns = Namespace::new("varied");
+    let keys: Vec<Key> = (0..4).map(|i| Key::new(format!("k{i}"))).collect();
+    let policies = [fixed(9), mixed(), fixed(4)];
+    // (key, policy, ms after `now`, cost): runs of equal times and costs,
+    // changes in each of them alone, a window crossed, costs above a quota.
+    let mut requests = Vec::new();
+    for i in 0..60u64 {
+        let key = (i % 4) as usize;
+        let policy = [0, 0, 1, 2, 1][(i % 5) as usize];
+        let t = [0, 0, 0, 5, 5, 61_000, 61_000, 61_003][(i / 8) as usize];
+        let cost = [1, 1, 2, 1, 3, 1, 1, 10][(i % 8) as usize];
+        requests.push((key, policy, t, cost));
+    }
+    let warm_ns = Namespace::new("varied-warm");
+    let charge_in = |ns, store: &dyn Store, &(k, p, t, cost): &(usize, usize, u64, u64)| {
+        store.charge(&Charge {
+            namespace: ns,
+            key: &keys[k],
+            policy: &policies[p],
+            cost,
+            now_ms: now + t,
+            timeout: Duration::from_secs(5),
+        })
+    };
+
+    let charge_at = |store: &dyn Store, r| charge_in(&ns, store, r);
+    // The script for this set of algorithms loaded.
+    for r in join_all(requests.iter().map(|r| charge_in(&warm_ns, &store, r))).await {
+        r.unwrap();
+    }
+
+    let monitor = server.monitor();
+    let from_redis: Vec<Decision> = join_all(requests.iter().map(|r| charge_at(&store, r)))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let seen = monitor.stop();
+    let sizes: Vec<usize> = script_calls(&seen).iter().map(|e| requests_in(e)).collect();
+    assert_eq!(sizes, vec![60], "all 60 requests in one script call");
+
+    let memory = tower_ratelimit::store::MemoryStore::new();
+    let mut from_memory = Vec::new();
+    for r in &requests {
+        from_memory.push(charge_at(&memory, r).await.unwrap());
+    }
+    for (i, (redis, mem)) in from_redis.iter().zip(&from_memory).enumerate() {
+        assert_eq!(redis, mem, "request {i} {:?}", requests[i]);
+    }
+    let admitted = from_redis.iter().filter(|d| d.is_allowed()).count();
+    assert!(
+        (1..60).contains(&admitted),
+        "some admitted and some rejected: {admitted}"
+    );
+}
+
 #[tokio::test]
 async fn an_idle_service_sends_each_charge_alone_and_at_once() {
     let Some((server, store, now)) = started().await else {
