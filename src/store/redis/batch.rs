@@ -36,7 +36,7 @@ use super::{reply, scripts};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::quota::Policy;
-use deadpool_redis::redis::{self, Cmd, FromRedisValue, Script, Value};
+use deadpool_redis::redis::{Cmd, FromRedisValue, Script, Value};
 use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{oneshot, Semaphore};
@@ -120,8 +120,15 @@ pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
         .flat_map(|p| p.quotas())
         .fold(0, |set, q| set | scripts::bit(q.algorithm()));
     let script = scripts::charge(algorithms);
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
+    // Sized up front: a batch's command runs to a few KB, and growing it by
+    // doubling costs a chain of large reallocations and copies per call.
+    let quota_args: usize = policies.iter().map(|p| 1 + 5 * p.quotas().len()).sum();
+    let key_bytes: usize = jobs.iter().map(|j| j.hash_key.len() + 24).sum();
+    let mut cmd = Cmd::with_capacity(
+        4 + keys + quota_args + 3 * jobs.len(),
+        64 + key_bytes + 24 * quota_args + 24 * jobs.len(),
+    );
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     for job in jobs {
         reply::keys(&mut cmd, &job.hash_key, &job.policy);
     }
@@ -273,7 +280,7 @@ async fn run(lanes: Arc<Lanes>, lane: usize) {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let batch: Vec<Waiting> = {
+        let (jobs, senders) = {
             let mut q = lock(&lanes.queues()[lane]);
             if q.waiting.is_empty() {
                 q.running = false;
@@ -281,11 +288,15 @@ async fn run(lanes: Arc<Lanes>, lane: usize) {
                 return;
             }
             let n = q.waiting.len().min(MAX_BATCH);
-            q.waiting.drain(..n).collect()
+            let mut jobs = Vec::with_capacity(n);
+            let mut senders = Vec::with_capacity(n);
+            // Callers that gave up before their batch left are never charged.
+            for (job, tx) in q.waiting.drain(..n).filter(|(_, tx)| !tx.is_closed()) {
+                jobs.push(job);
+                senders.push(tx);
+            }
+            (jobs, senders)
         };
-        // Callers that gave up before their batch left are never charged.
-        let (jobs, senders): (Vec<Job>, Vec<_>) =
-            batch.into_iter().filter(|(_, tx)| !tx.is_closed()).unzip();
         if jobs.is_empty() {
             continue;
         }
