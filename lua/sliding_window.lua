@@ -10,16 +10,18 @@
 -- when absent).
 local sliding_window = {suffixes = {'s', 'c', 'p'}}
 
-function sliding_window.read(q, v, now)
-  local i = q.first
-  local s, c, p = tonumber(v[i]), tonumber(v[i + 1]), tonumber(v[i + 2])
+-- The window at `now` from the stored start, current and previous counts
+-- (nil = absent): those as stored (a fresh window's when absent), then as
+-- rolled forward to `now`, whether the state is new or rolled (its fields
+-- and expiry must be written), and the weight used (units x ms).
+local function sw_roll(q, s, c, p, now)
   local start = now - math.fmod(now, q.b)
   local fresh = false
   if s == nil or c == nil or p == nil then
     s, c, p = start, 0, 0
     fresh = true
   end
-  local st = {rs = s, rc = c, rp = p}
+  local rs, rc, rp = s, c, p
   -- Roll forward; a window starting after `now` (a clock behind) stays current.
   if s < start then
     if s + q.b == start then p = c else p = 0 end
@@ -27,10 +29,15 @@ function sliding_window.read(q, v, now)
     s = start
     fresh = true
   end
-  local elapsed = math.max(now - s, 0)
-  st.s, st.c, st.p, st.fresh = s, c, p, fresh
-  st.used = p * (q.b - elapsed) + c * q.b
-  return st
+  local used = p * (q.b - math.max(now - s, 0)) + c * q.b
+  return rs, rc, rp, s, c, p, fresh, used
+end
+
+function sliding_window.read(q, v, now)
+  local i = q.first
+  local rs, rc, rp, s, c, p, fresh, used =
+    sw_roll(q, tonumber(v[i]), tonumber(v[i + 1]), tonumber(v[i + 2]), now)
+  return {rs = rs, rc = rc, rp = rp, s = s, c = c, p = p, fresh = fresh, used = used}
 end
 
 function sliding_window.fits(q, st, cost)
@@ -52,6 +59,32 @@ function sliding_window.write(q, st, cost, now, set)
     push(set, q.f.c, st.c + cost)
   end
   return st.s + 2 * q.b, st.fresh
+end
+
+-- The whole charge of a policy of this quota alone, with no intermediate
+-- tables: the same read, decision, reply and writes as read/fits/reply/write
+-- above and lua/charge.lua's charge_one (see fixed_window.alone).
+function sliding_window.alone(q, hash, now, cost, out, cost_arg)
+  local v = redis.call('HMGET', hash, q.f.s, q.f.c, q.f.p)
+  local rs, rc, rp, s, c, p, fresh, used =
+    sw_roll(q, tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), now)
+  local allowed = cost <= q.a and used + cost * q.b <= q.a * q.b
+  local n = #out
+  out[n + 1] = 5
+  out[n + 2] = allowed and 1 or 0
+  out[n + 3] = now
+  out[n + 4] = rs
+  out[n + 5] = rc
+  out[n + 6] = rp
+  if allowed then
+    if fresh then
+      redis.call('HSET', hash, q.f.s, s, q.f.c, c + cost, q.f.p, p)
+      redis.call('PEXPIREAT', hash, math.max(s + 2 * q.b, now) + 1000)
+    else
+      -- HSET c + cost without formatting a Lua number (see fixed_window.alone).
+      redis.call('HINCRBY', hash, q.f.c, cost_arg)
+    end
+  end
 end
 
 -- Takes the cost back from the window charged (its start is `id`): the

@@ -51,13 +51,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    (: </dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo "$p"; return; }
-  done
-}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 RPORT=$(free_port)
 taskset -c "$LOAD_CPU" redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no \

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Redis CPU of the charge script, counted in instructions per decision with
+# callgrind: about the same count on every run, whatever else the machine is
+# doing (CPU steal makes the microsecond figures of benches/redis.rs and
+# scripts/bench.sh swing by ±20% on a shared VM). Compares the working tree's
+# lua/ with another revision's, side by side.
+#
+#   scripts/script_cost.sh            # working tree vs HEAD
+#   scripts/script_cost.sh v0.3.0     # working tree vs a tag or commit
+#
+# For each tree it assembles the charge script as src/store/redis/scripts.rs
+# does for a policy of one quota of each algorithm but the sliding log (for
+# the rate algorithms 100 a second, burst 100), starts redis-server under
+# valgrind on a free port, loads the script, warms 200 keys up, then counts
+# the instructions
+# redis-server runs for `redis-benchmark` sending batches of 1, 15 and 32
+# requests per EVALSHA (15 is what one call carried under load in
+# scripts/bench.sh). Everything Redis does per call is included: reading the
+# command, the script, its HMGET/HSET/HINCRBY, the reply. The keys are drawn
+# at random, so counts move by a few tenths of a percent between runs.
+#
+# Needs valgrind, redis-server, redis-cli and redis-benchmark (installed
+# with apt when missing). Takes about three minutes.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+REV=${1:-HEAD}
+
+need() { command -v "$1" >/dev/null 2>&1; }
+if ! need valgrind || ! need redis-server || ! need redis-benchmark; then
+  echo "installing valgrind and redis with apt" >&2
+  apt-get update -qq && apt-get install -y -qq valgrind redis-server redis-tools >/dev/null
+fi
+
+WORK=$(mktemp -d)
+SRV=""
+cleanup() {
+  [ -n "$SRV" ] && kill "$SRV" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+
+# lua FILE from the working tree (TREE=.) or from revision TREE.
+lua() {
+  if [ "$1" = . ]; then cat "lua/$2.lua"; else git show "$1:lua/$2.lua"; fi
+}
+
+# The charge script for one algorithm, as src/store/redis/scripts.rs assembles it.
+assemble() { # tree algorithm-file
+  lua "$1" prelude
+  case $2 in token_bucket | gcra) lua "$1" rate ;; esac
+  lua "$1" "$2"
+  lua "$1" policy
+  lua "$1" charge
+}
+
+NOW=$(($(date +%s) * 1000))
+# The policy's arguments (lua/policy.lua): n = 1, then code, field prefix, a, b, c.
+policy_args() {
+  case $1 in
+    fixed_window) echo "1 fw fw3600000 1000000000 3600000 0" ;;
+    # 100 a second, burst 100 (unit 10, 1 fine unit a ms, capacity 1,000):
+    # each of the 200 keys gets under 100 charges, all admitted.
+    token_bucket) echo "1 tb tb1000 10 1 1000" ;;
+    gcra) echo "1 gc gc1000 10 1 1000" ;;
+    sliding_window) echo "1 sw sw60000 1000 60000 0" ;;
+  esac
+}
+
+# Instructions redis-server runs per decision: tree, algorithm, requests per call.
+count() {
+  local tree=$1 alg=$2 per=$3 port out sha calls i
+  port=$(free_port)
+  out=$WORK/cg.out
+  rm -f "$out"*
+  valgrind --tool=callgrind --callgrind-out-file="$out" \
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    >/dev/null 2>&1 &
+  SRV=$!
+  for _ in $(seq 300); do
+    [ "$(redis-cli -p "$port" PING 2>/dev/null)" = PONG ] && break
+    sleep 0.1
+  done
+  sha=$(assemble "$tree" "$alg" | redis-cli -p "$port" -x SCRIPT LOAD)
+  # lua/charge.lua: keys, then P = 1, the policy, J, then per request:
+  # policy index, time, cost.
+  local args=() keys=()
+  for i in $(seq "$per"); do
+    keys+=("rb:{__rand_int__}")
+    args+=(1 "$NOW" 1)
+  done
+  # shellcheck disable=SC2046
+  set -- EVALSHA "$sha" "$per" "${keys[@]}" 1 $(policy_args "$alg") "$per" "${args[@]}"
+  calls=$((9600 / per))
+  redis-benchmark -p "$port" -q -n 100 -r 200 -c 1 -P 4 "$@" >/dev/null # keys exist
+  callgrind_control -z "$SRV" >/dev/null 2>&1
+  redis-benchmark -p "$port" -q -n "$calls" -r 200 -c 1 -P 4 "$@" >/dev/null
+  callgrind_control -d "$SRV" >/dev/null 2>&1
+  redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+  wait "$SRV" 2>/dev/null || true
+  SRV=""
+  awk '/^(summary|totals):/ {t = $2} END {print t}' "$out.1" |
+    awk -v d=$((calls * per)) '{printf "%.0f", $1 / d}'
+}
+
+printf '| script | requests per call | %s | working tree | change |\n|---|---:|---:|---:|---:|\n' "$REV"
+for alg in fixed_window token_bucket gcra sliding_window; do
+  for per in 1 15 32; do
+    old=$(count "$REV" "$alg" "$per")
+    new=$(count . "$alg" "$per")
+    printf '| charge.lua, %s | %d | %s | %s | %+.1f%% |\n' "$alg" "$per" "$old" "$new" \
+      "$(awk -v a="$old" -v b="$new" 'BEGIN {print (b - a) * 100 / a}')"
+  done
+done
+echo
+echo "Instructions redis-server runs per decision (callgrind), batches sent by redis-benchmark -P 4 over 200 keys."
