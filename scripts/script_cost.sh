@@ -22,9 +22,14 @@
 # Needs valgrind, redis-server, redis-cli and redis-benchmark (installed
 # with apt when missing). Takes about three minutes.
 set -euo pipefail
+shopt -s inherit_errexit # a failing step inside $(...) stops the script too
 
 cd "$(dirname "$0")/.."
 REV=${1:-HEAD}
+git rev-parse --verify --quiet "$REV^{commit}" >/dev/null || {
+  echo "script_cost.sh: no revision $REV" >&2
+  exit 2
+}
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need valgrind || ! need redis-server || ! need redis-benchmark; then
@@ -71,9 +76,10 @@ policy_args() {
   esac
 }
 
-# Instructions redis-server runs per decision: tree, algorithm, requests per call.
+# Instructions redis-server runs per decision (tree, algorithm, requests per
+# call), into COUNT. Not called in $(...): the server's PID must reach cleanup.
 count() {
-  local tree=$1 alg=$2 per=$3 port out sha calls i
+  local tree=$1 alg=$2 per=$3 port out sha calls i total
   port=$(free_port)
   out=$WORK/cg.out
   rm -f "$out"*
@@ -81,11 +87,13 @@ count() {
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
     >/dev/null 2>&1 &
   SRV=$!
-  for _ in $(seq 300); do
+  for i in $(seq 301); do
     [ "$(redis-cli -p "$port" PING 2>/dev/null)" = PONG ] && break
+    [ "$i" = 301 ] && { echo "script_cost.sh: redis-server did not start" >&2; exit 1; }
     sleep 0.1
   done
   sha=$(assemble "$tree" "$alg" | redis-cli -p "$port" -x SCRIPT LOAD)
+  [[ $sha =~ ^[0-9a-f]{40}$ ]] || { echo "script_cost.sh: SCRIPT LOAD: $sha" >&2; exit 1; }
   # lua/charge.lua: keys, then P = 1, the policy, J, then per request:
   # policy index, time, cost.
   local args=() keys=()
@@ -96,22 +104,26 @@ count() {
   # shellcheck disable=SC2046
   set -- EVALSHA "$sha" "$per" "${keys[@]}" 1 $(policy_args "$alg") "$per" "${args[@]}"
   calls=$((9600 / per))
-  redis-benchmark -p "$port" -q -n 100 -r 200 -c 1 -P 4 "$@" >/dev/null # keys exist
+  # Warm-up: about 800 charges, so nearly all 200 keys exist (multiples of -P 4).
+  redis-benchmark -p "$port" -q -n $(((800 / per + 3) / 4 * 4)) -r 200 -c 1 -P 4 "$@" >/dev/null
   callgrind_control -z "$SRV" >/dev/null 2>&1
   redis-benchmark -p "$port" -q -n "$calls" -r 200 -c 1 -P 4 "$@" >/dev/null
   callgrind_control -d "$SRV" >/dev/null 2>&1
   redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
   wait "$SRV" 2>/dev/null || true
   SRV=""
-  awk '/^(summary|totals):/ {t = $2} END {print t}' "$out.1" |
-    awk -v d=$((calls * per)) '{printf "%.0f", $1 / d}'
+  total=$(awk '/^(summary|totals):/ {t = $2} END {print t}' "$out.1")
+  [ -n "$total" ] || { echo "script_cost.sh: no callgrind dump in $out.1" >&2; exit 1; }
+  COUNT=$(awk -v t="$total" -v d=$((calls * per)) 'BEGIN {printf "%.0f", t / d}')
 }
 
 printf '| script | requests per call | %s | working tree | change |\n|---|---:|---:|---:|---:|\n' "$REV"
 for alg in fixed_window token_bucket gcra sliding_window; do
   for per in 1 15 32; do
-    old=$(count "$REV" "$alg" "$per")
-    new=$(count . "$alg" "$per")
+    count "$REV" "$alg" "$per"
+    old=$COUNT
+    count . "$alg" "$per"
+    new=$COUNT
     printf '| charge.lua, %s | %d | %s | %s | %+.1f%% |\n' "$alg" "$per" "$old" "$new" \
       "$(awk -v a="$old" -v b="$new" 'BEGIN {print (b - a) * 100 / a}')"
   done

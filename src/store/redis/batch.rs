@@ -104,6 +104,8 @@ pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
     let mut policies: SmallVec<[&Policy; 4]> = SmallVec::new();
     let mut index: SmallVec<[usize; MAX_BATCH]> = SmallVec::new();
     let mut keys = 0;
+    // Per key its bytes, plus a sliding log's `:` and field prefix, rounded up.
+    let mut key_bytes = 0;
     for job in jobs {
         let i = match policies.iter().position(|p| **p == job.policy) {
             Some(i) => i,
@@ -113,7 +115,9 @@ pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
             }
         };
         index.push(i + 1);
-        keys += reply::key_count(&job.policy);
+        let n = reply::key_count(&job.policy);
+        keys += n;
+        key_bytes += (job.hash_key.len() + 24) * n;
     }
     let algorithms = policies
         .iter()
@@ -123,9 +127,9 @@ pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
     // Sized up front: a batch's command runs to a few KB, and growing it by
     // doubling costs a chain of large reallocations and copies per call.
     let quota_args: usize = policies.iter().map(|p| 1 + 5 * p.quotas().len()).sum();
-    let key_bytes: usize = jobs.iter().map(|j| j.hash_key.len() + 24).sum();
+    // EVALSHA, the hash, the key count, P and J, then the rest.
     let mut cmd = Cmd::with_capacity(
-        4 + keys + quota_args + 3 * jobs.len(),
+        5 + keys + quota_args + 3 * jobs.len(),
         64 + key_bytes + 24 * quota_args + 24 * jobs.len(),
     );
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
