@@ -236,6 +236,7 @@ if rates:
                 added = f"{(p99 - med([x[1] for x in fix[r]['none']])) / 1000:+.2f} ms"
             cells.append(f"{p50 / 1000:.2f} / {p99 / 1000:.2f} ms / {added}")
         print(f"| {names[v]} | " + " | ".join(cells) + " |")
+print()  # a table ends at a blank line
 for label, reqs, non2xx, cmds in ham:
     print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
           f"{int(cmds)} Redis commands ({cmds / max(non2xx, 1):.4f} per rejected request).")
