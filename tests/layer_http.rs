@@ -25,6 +25,13 @@ fn app() -> Router {
         .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
 }
 
+/// An empty `GET` of `path`, for `oneshot`.
+fn get_req(path: &str) -> http::Request<axum::body::Body> {
+    http::Request::get(path)
+        .body(axum::body::Body::empty())
+        .unwrap()
+}
+
 fn layer(limit: u64, window: Duration, clock: &ManualClock) -> RateLimitLayer {
     RateLimitLayer::builder()
         .quota(Quota::new(limit, window).unwrap())
@@ -225,14 +232,7 @@ async fn clones_of_one_layer_share_one_limiter() {
     let mut admitted = 0;
     for i in 0..6 {
         let svc = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let res = svc
-            .oneshot(
-                http::Request::get("/")
-                    .body(axum::body::Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let res = svc.oneshot(get_req("/")).await.unwrap();
         admitted += usize::from(res.status() == StatusCode::OK);
     }
     assert_eq!(admitted, 3);
@@ -250,12 +250,7 @@ async fn route_layer_limits_only_matched_routes_and_unmatched_paths_stay_404() {
         1234,
     )));
     let app = app.layer(peer);
-    let req = |p: &str| {
-        http::Request::get(p)
-            .body(axum::body::Body::empty())
-            .unwrap()
-    };
-    let first = app.clone().oneshot(req("/limited")).await.unwrap();
+    let first = app.clone().oneshot(get_req("/limited")).await.unwrap();
     assert_eq!(
         first.status(),
         StatusCode::OK,
@@ -266,16 +261,28 @@ async fn route_layer_limits_only_matched_routes_and_unmatched_paths_stay_404() {
             .to_bytes()
     );
     assert_eq!(
-        app.clone().oneshot(req("/limited")).await.unwrap().status(),
+        app.clone()
+            .oneshot(get_req("/limited"))
+            .await
+            .unwrap()
+            .status(),
         StatusCode::TOO_MANY_REQUESTS
     );
     for _ in 0..3 {
         assert_eq!(
-            app.clone().oneshot(req("/free")).await.unwrap().status(),
+            app.clone()
+                .oneshot(get_req("/free"))
+                .await
+                .unwrap()
+                .status(),
             StatusCode::OK
         );
         assert_eq!(
-            app.clone().oneshot(req("/missing")).await.unwrap().status(),
+            app.clone()
+                .oneshot(get_req("/missing"))
+                .await
+                .unwrap()
+                .status(),
             StatusCode::NOT_FOUND
         );
     }
@@ -340,14 +347,7 @@ async fn an_exempt_request_is_neither_counted_nor_given_headers() {
 async fn a_missing_key_gets_a_500_naming_the_extractor_and_the_fix() {
     // No connect info: PeerIp cannot find the peer address.
     let app = app().layer(layer(5, Duration::from_secs(60), &ManualClock::new(T0)));
-    let res = app
-        .oneshot(
-            http::Request::get("/")
-                .body(axum::body::Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let res = app.oneshot(get_req("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let body = http_body_util::BodyExt::collect(res.into_body())
         .await
@@ -371,15 +371,7 @@ async fn the_key_error_response_is_configurable() {
         })
         .build()
         .unwrap();
-    let res = app()
-        .layer(l)
-        .oneshot(
-            http::Request::get("/")
-                .body(axum::body::Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let res = app().layer(l).oneshot(get_req("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 }
 
@@ -626,15 +618,7 @@ fn sixty_four_tasks_hammering_one_key_admit_exactly_the_quota() {
             let admitted = admitted.clone();
             tasks.push(tokio::spawn(async move {
                 for _ in 0..50 {
-                    let res = app
-                        .clone()
-                        .oneshot(
-                            http::Request::get("/")
-                                .body(axum::body::Body::empty())
-                                .unwrap(),
-                        )
-                        .await
-                        .unwrap();
+                    let res = app.clone().oneshot(get_req("/")).await.unwrap();
                     if res.status() == StatusCode::OK {
                         admitted.fetch_add(1, Ordering::SeqCst);
                     }
@@ -685,15 +669,7 @@ async fn a_store_returning_a_spent_future_is_a_store_error_not_a_panic() {
         .store(SpentStore)
         .build()
         .unwrap();
-    let res = app()
-        .layer(layer)
-        .oneshot(
-            http::Request::get("/")
-                .body(axum::body::Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let res = app().layer(layer).oneshot(get_req("/")).await.unwrap();
     // The default failure policy: fail open, without rate-limit headers.
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().get("x-ratelimit-remaining").is_none());
