@@ -30,7 +30,7 @@
 //!   answers what was queued with an error, so a store shared by several
 //!   runtimes keeps working from the others.
 
-use super::connection::{breaks_connection, redis_error, Call, Lanes};
+use super::connection::{Call, Lanes};
 use super::keys::HashKey;
 use super::{reply, scripts};
 use crate::decision::Decision;
@@ -146,10 +146,7 @@ pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
     cmd.arg(jobs.len());
     for (job, i) in jobs.iter().zip(index) {
         cmd.arg(i);
-        match job.now {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
+        reply::time_arg(&mut cmd, job.now);
         cmd.arg(job.cost);
     }
     (script, cmd)
@@ -238,16 +235,7 @@ impl Lanes {
     /// Sends one batch on lane `lane`: one answer per job, or the call's error.
     async fn send_batch(&self, lane: usize, jobs: &[Job]) -> Result<Vec<JobReply>, StoreError> {
         let (script, cmd) = command(jobs);
-        let mut conn = self.get_lane(lane).await?;
-        let reply: Vec<Value> = Call::Eval { script, cmd: &cmd }
-            .send(&mut conn)
-            .await
-            .map_err(|e| {
-                if breaks_connection(&e) {
-                    self.discard(lane);
-                }
-                redis_error(e)
-            })?;
+        let reply: Vec<Value> = self.run_on(lane, Call::Eval { script, cmd: &cmd }).await?;
         answers(&reply, jobs)
     }
 }

@@ -1,7 +1,7 @@
 //! Fleet-wide concurrency slots: [`SlotStore`] for [`RedisStore`], one
 //! `EVALSHA` per acquire and per release (`lua/concurrency_*.lua`).
 
-use super::{invoke, keys, scripts, RedisStore};
+use super::{invoke, keys, reply, scripts, RedisStore};
 use crate::concurrency::{Acquire, Occupancy, Release, SlotStore};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -20,36 +20,40 @@ impl RedisStore {
     /// assert!(k.starts_with("trl:concurrency:{") && k.ends_with("}:slots"));
     /// ```
     pub fn slots_key(&self, namespace: &Namespace, key: &Key) -> String {
-        self.slot_keys(namespace, key).0
+        format!("{}{SLOTS}", self.redis_key(namespace, key))
     }
 
-    /// The slots and tombstones keys: the rate limiter's key for the same
-    /// client with a suffix, so both share one hash slot and never collide.
-    /// An `EVALSHA` of `script` on `key`'s slots and tombstones, with the time and lease.
+    /// An `EVALSHA` of `script` on `key`'s slots and tombstones, with the
+    /// time and lease. Both keys are the rate limiter's key for the same
+    /// client with a suffix, so they share one hash slot and never collide.
     fn slot_cmd(
         &self,
         script: &redis::Script,
         namespace: &Namespace,
         key: &Key,
-        now: String,
+        now: Option<u64>,
         lease: std::time::Duration,
     ) -> redis::Cmd {
-        let (slots, tombstones) = self.slot_keys(namespace, key);
+        let base = keys::hash_key(&self.inner.prefix, namespace, key);
+        let with = |suffix: &str| {
+            let mut k = base.clone();
+            k.extend_from_slice(suffix.as_bytes());
+            k
+        };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(2)
-            .arg(slots)
-            .arg(tombstones)
-            .arg(now)
-            .arg(lease.as_millis() as u64);
+            .arg(&with(SLOTS)[..])
+            .arg(&with(RELEASED)[..]);
+        reply::time_arg(&mut cmd, now);
+        cmd.arg(lease.as_millis() as u64);
         cmd
     }
-
-    fn slot_keys(&self, namespace: &Namespace, key: &Key) -> (String, String) {
-        let base = keys::redis_key(&self.inner.prefix, namespace, key);
-        (format!("{base}:slots"), format!("{base}:released"))
-    }
 }
+
+/// The suffixes of a client's slots and tombstones keys.
+const SLOTS: &str = ":slots";
+const RELEASED: &str = ":released";
 
 fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError> {
     match *reply {
@@ -73,9 +77,9 @@ fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError>
 
 impl SlotStore for RedisStore {
     fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
-        let (now, sent_now) = self.now_arg(call.now_ms);
+        let sent_now = self.sent_now(call.now_ms);
         let script = &*scripts::CONCURRENCY_ACQUIRE;
-        let mut cmd = self.slot_cmd(script, call.namespace, call.key, now, call.lease);
+        let mut cmd = self.slot_cmd(script, call.namespace, call.key, sent_now, call.lease);
         cmd.arg(call.limit).arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
@@ -86,8 +90,8 @@ impl SlotStore for RedisStore {
     }
 
     fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
-        let (now, _) = self.now_arg(call.now_ms);
         let script = &*scripts::CONCURRENCY_RELEASE;
+        let now = self.sent_now(call.now_ms);
         let mut cmd = self.slot_cmd(script, call.namespace, call.key, now, call.lease);
         cmd.arg(call.id.to_string());
         let inner = self.inner.clone();

@@ -98,15 +98,7 @@ impl Connections {
     /// Runs `call` on these connections (no time limit: the caller bounds it).
     pub(crate) async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
         match self {
-            Connections::Lanes(lanes) => {
-                let (i, mut conn) = lanes.get().await?;
-                call.send(&mut conn).await.map_err(|e| {
-                    if breaks_connection(&e) {
-                        lanes.discard(i);
-                    }
-                    redis_error(e)
-                })
-            }
+            Connections::Lanes(lanes) => lanes.run_on(lanes.next_lane(), call).await,
             #[cfg(feature = "cluster")]
             Connections::Cluster(cluster) => cluster.run(call).await,
         }
@@ -199,10 +191,23 @@ impl Lanes {
         self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()
     }
 
-    /// A connection to send one command on, and the lane it came from.
-    pub(crate) async fn get(&self) -> Result<(usize, MultiplexedConnection), StoreError> {
-        let i = self.next_lane();
-        Ok((i, self.get_lane(i).await?))
+    /// Runs `call` on lane `lane`'s connection.
+    pub(crate) async fn run_on<T: FromRedisValue>(
+        &self,
+        lane: usize,
+        call: Call<'_>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.get_lane(lane).await?;
+        call.send(&mut conn).await.map_err(|e| self.failed(lane, e))
+    }
+
+    /// The store error for `err` on lane `lane`, dropping the lane's
+    /// connection first if `err` may have broken it.
+    fn failed(&self, lane: usize, err: RedisError) -> StoreError {
+        if breaks_connection(&err) {
+            self.discard(lane);
+        }
+        redis_error(err)
     }
 
     /// Lane `i`'s connection, connecting (and vetting) it if it has none.
@@ -232,15 +237,11 @@ impl Lanes {
         budget: std::time::Duration,
     ) -> Result<Vec<redis::Value>, StoreError> {
         let call = async {
-            let (i, mut conn) = self.get().await?;
+            let i = self.next_lane();
+            let mut conn = self.get_lane(i).await?;
             pipe.query_async::<Vec<redis::Value>>(&mut conn)
                 .await
-                .map_err(|e| {
-                    if breaks_connection(&e) {
-                        self.discard(i);
-                    }
-                    redis_error(e)
-                })
+                .map_err(|e| self.failed(i, e))
         };
         tokio::time::timeout(budget, call)
             .await
@@ -248,7 +249,7 @@ impl Lanes {
     }
 
     /// Drops lane `i`'s connection after an error that may have broken it.
-    pub(crate) fn discard(&self, i: usize) {
+    fn discard(&self, i: usize) {
         self.lanes[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -513,11 +513,6 @@ impl RedisStore {
             TimeSource::Redis => None,
         }
     }
-
-    fn now_arg(&self, now_ms: u64) -> (String, Option<u64>) {
-        let sent = self.sent_now(now_ms);
-        (sent.map(|t| t.to_string()).unwrap_or_default(), sent)
-    }
 }
 
 /// Runs one `EVALSHA` of `script` on `lanes` within `budget`.
@@ -555,10 +550,7 @@ impl RedisStore {
         cmd.arg(script.get_hash())
             .arg(reply::key_count(call.policy));
         reply::keys(&mut cmd, &self.hash_key(call), call.policy);
-        match sent_now {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
+        reply::time_arg(&mut cmd, sent_now);
         cmd.arg(cost).arg(call.policy.quotas().len());
         (cmd, sent_now)
     }

@@ -36,6 +36,14 @@ pub(super) fn key_count(policy: &Policy) -> usize {
         .count()
 }
 
+/// The time argument of a script call: Unix ms, or "" for Redis `TIME`.
+pub(super) fn time_arg(cmd: &mut Cmd, now: Option<u64>) {
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+}
+
 /// The keys a call on `hash_key` touches: the hash, then one log per
 /// sliding-log quota (the hash's key, `:`, the quota's field prefix).
 pub(super) fn keys(cmd: &mut Cmd, hash_key: &[u8], policy: &Policy) {
