@@ -267,13 +267,10 @@ where
                     let pending = this.pending.take().expect("charge inputs kept");
                     match this.limiter.verdict(pending, result, this.charged) {
                         Verdict::Forward => {
-                            let Waiting {
-                                mut service,
-                                parts,
-                                body,
-                            } = this.waiting.take().expect("request kept while charging");
-                            let fut = service.call(Request::from_parts(parts, body));
-                            this.state.set(State::Inner { fut });
+                            let waiting = this.waiting.take().expect("request kept while charging");
+                            this.state.set(State::Inner {
+                                fut: waiting.forward(),
+                            });
                         }
                         Verdict::Answer(res) => {
                             *this.waiting = None;
