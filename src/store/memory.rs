@@ -360,16 +360,9 @@ impl MemoryStore {
                     })
                 }
                 Overflow::EvictLive => {
-                    if let Some((h, ns, key)) = shard
-                        .map
-                        .iter()
-                        .next()
-                        .map(|b| (self.rehash(b), b.namespace, b.key))
-                    {
-                        if let Ok(found) = shard.map.find_entry(h, |b| b.is(ns, &key)) {
-                            found.remove();
-                        }
-                    }
+                    // The first entry in table order; the rest stay (an
+                    // `ExtractIf` dropped early keeps what it did not yield).
+                    shard.map.extract_if(|_| true).next();
                 }
             }
         }
