@@ -2,11 +2,13 @@
 //! carries every charge waiting for a connection, and each request still gets
 //! its own decision, read and written atomically in order inside the script.
 //!
-//! Each lane (one multiplexed connection) has a queue and a runner task. The
-//! runner yields once to the scheduler, so every request that is ready to run
-//! joins, then sends everything queued (up to [`MAX_BATCH`]) as one script
-//! call, pipelined on the connection, with at most [`BATCHES_IN_FLIGHT`]
-//! calls in flight per lane. An idle service therefore sends every request
+//! Each lane has a queue and a runner task. The runner yields once to the
+//! scheduler, so every request that is ready to run joins, then sends
+//! everything queued (up to [`MAX_BATCH`]) as one script call, pipelined on
+//! the lane's connection, with at most [`BATCHES_IN_FLIGHT`] calls in flight
+//! per lane. On a plain-TCP URL the runner owns that connection's socket
+//! (see [`super::wire`]): it writes the calls and reads their replies itself.
+//! Otherwise (TLS, Unix sockets) it hands each call to redis-rs. An idle service therefore sends every request
 //! alone and at once; a busy one sends one call per scheduler pass; and when
 //! Redis falls behind, charges queue until a call comes back and leave
 //! together. No request ever waits for a timer or for a batch to fill, and
@@ -18,8 +20,9 @@
 //!   channel: a reply can never reach another request.
 //! - A request whose caller gave up (timed out, dropped) before its batch left
 //!   is taken out of it and never charged.
-//! - `NOSCRIPT` means the script did not run at all: the script is loaded and
-//!   the whole batch re-sent once (`Call::Eval`), never charged twice.
+//! - `NOSCRIPT` means the script did not run at all: the whole batch is
+//!   re-sent once, never charged twice (on its own socket with the script's
+//!   source, `EVAL`; through redis-rs after `SCRIPT LOAD`).
 //! - A failure of one request inside the script (say, its key holds another
 //!   type) answers that request with an error and leaves the rest of the batch
 //!   alone; a failure of the call (connection, timeout, `OOM`, `BUSY`) answers
@@ -32,14 +35,18 @@
 
 use super::connection::{Call, Lanes};
 use super::keys::HashKey;
-use super::{reply, scripts};
+use super::reply::{self, Args, Resp};
+use super::scripts;
+use super::wire::{response_error, Parked, Reply, Wire};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::quota::Policy;
 use deadpool_redis::redis::{Cmd, FromRedisValue, Script, Value};
 use smallvec::SmallVec;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{oneshot, Semaphore};
+use tokio::time::Instant;
 
 /// The most requests one script call carries (about 0.2 ms of Redis time for
 /// single-quota policies, so no batch holds Redis for long).
@@ -64,15 +71,19 @@ pub(crate) struct Job {
 /// The answer to one request.
 pub(crate) type JobReply = Result<Decision, StoreError>;
 
-type Waiting = (Job, oneshot::Sender<JobReply>);
+type Sender = oneshot::Sender<JobReply>;
+type Waiting = (Job, Sender);
 
 /// A lane's queue.
 pub(crate) struct Queue {
     waiting: Vec<Waiting>,
     /// Whether a runner task is sending this lane's batches.
     running: bool,
-    /// One permit per batch that may be in flight on the lane at once.
+    /// One permit per batch that may be in flight on the lane at once
+    /// (through redis-rs; a lane's own socket counts its batches itself).
     slots: Arc<Semaphore>,
+    /// The lane's own socket while no runner needs it.
+    parked: Option<Parked>,
 }
 
 impl Default for Queue {
@@ -81,6 +92,7 @@ impl Default for Queue {
             waiting: Vec::new(),
             running: false,
             slots: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
+            parked: None,
         }
     }
 }
@@ -97,66 +109,126 @@ fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     q.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The `EVALSHA` for `jobs` and the script it runs: each distinct policy once,
-/// then per request its policy's index, time and cost; keys in request order.
-/// Arguments are written straight into the command's one buffer.
-pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
-    let mut policies: SmallVec<[&Policy; 4]> = SmallVec::new();
-    let mut index: SmallVec<[usize; MAX_BATCH]> = SmallVec::new();
-    let mut keys = 0;
-    // Per key its bytes, plus a sliding log's `:` and field prefix, rounded up.
-    let mut key_bytes = 0;
-    for job in jobs {
-        let i = match policies.iter().position(|p| **p == job.policy) {
-            Some(i) => i,
-            None => {
-                policies.push(&job.policy);
-                policies.len() - 1
-            }
-        };
-        index.push(i + 1);
-        let n = reply::key_count(&job.policy);
-        keys += n;
-        key_bytes += (job.hash_key.len() + 24) * n;
-    }
-    let algorithms = policies
-        .iter()
-        .flat_map(|p| p.quotas())
-        .fold(0, |set, q| set | scripts::bit(q.algorithm()));
-    let script = scripts::charge(algorithms);
-    // Sized up front: a batch's command runs to a few KB, and growing it by
-    // doubling costs a chain of large reallocations and copies per call.
-    let quota_args: usize = policies.iter().map(|p| 1 + 5 * p.quotas().len()).sum();
-    // EVALSHA, the hash, the key count, P and J, then the rest.
-    let mut cmd = Cmd::with_capacity(
-        5 + keys + quota_args + 3 * jobs.len(),
-        64 + key_bytes + 24 * quota_args + 24 * jobs.len(),
-    );
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
-    for job in jobs {
-        reply::keys(&mut cmd, &job.hash_key, &job.policy);
-    }
-    cmd.arg(policies.len());
-    for p in &policies {
-        cmd.arg(p.quotas().len());
-        for q in p.quotas() {
-            reply::quota_args(&mut cmd, q);
+/// A batch's script call, planned: each distinct policy once, then per
+/// request its policy's index, time and cost; keys in request order.
+struct Plan<'j> {
+    policies: SmallVec<[&'j Policy; 4]>,
+    /// Per request, its policy's index (from 1).
+    index: SmallVec<[usize; MAX_BATCH]>,
+    keys: usize,
+    /// The keys' bytes, plus per key a little for a sliding log's `:` and field prefix.
+    key_bytes: usize,
+    /// The algorithms the batch uses (see [`scripts::bit`]).
+    algorithms: usize,
+    /// Every argument, the command's name included.
+    args: usize,
+}
+
+impl<'j> Plan<'j> {
+    fn new(jobs: &'j [Job]) -> Self {
+        let mut policies: SmallVec<[&Policy; 4]> = SmallVec::new();
+        let mut index = SmallVec::new();
+        let (mut keys, mut key_bytes) = (0, 0);
+        for job in jobs {
+            let i = match policies.iter().position(|p| **p == job.policy) {
+                Some(i) => i,
+                None => {
+                    policies.push(&job.policy);
+                    policies.len() - 1
+                }
+            };
+            index.push(i + 1);
+            let n = reply::key_count(&job.policy);
+            keys += n;
+            key_bytes += (job.hash_key.len() + 24) * n;
+        }
+        let algorithms = policies
+            .iter()
+            .flat_map(|p| p.quotas())
+            .fold(0, |set, q| set | scripts::bit(q.algorithm()));
+        let quota_args: usize = policies.iter().map(|p| 1 + 5 * p.quotas().len()).sum();
+        Plan {
+            // EVALSHA, the hash, the key count, P and J, then the rest.
+            args: 5 + keys + quota_args + 3 * jobs.len(),
+            policies,
+            index,
+            keys,
+            key_bytes,
+            algorithms,
         }
     }
-    cmd.arg(jobs.len());
-    for (job, i) in jobs.iter().zip(index) {
-        cmd.arg(i);
-        reply::time_arg(&mut cmd, job.now);
-        cmd.arg(job.cost);
+
+    /// About how many bytes the arguments take.
+    fn bytes(&self) -> usize {
+        64 + self.key_bytes + 24 * self.args
     }
-    (script, cmd)
+
+    fn script(&self) -> &'static Script {
+        scripts::charge(self.algorithms)
+    }
+
+    /// Writes every argument. With `source`, an `EVAL` carrying the
+    /// script's source instead of an `EVALSHA` of its hash (after
+    /// `NOSCRIPT`: it runs the batch and caches the script for the next ones).
+    fn write(&self, jobs: &[Job], source: bool, out: &mut impl Args) {
+        if source {
+            out.arg("EVAL").arg(scripts::charge_source(self.algorithms));
+        } else {
+            out.arg("EVALSHA").arg(self.script().get_hash());
+        }
+        out.arg(self.keys);
+        for job in jobs {
+            reply::keys(out, &job.hash_key, &job.policy);
+        }
+        out.arg(self.policies.len());
+        for p in &self.policies {
+            out.arg(p.quotas().len());
+            for q in p.quotas() {
+                reply::quota_args(out, q);
+            }
+        }
+        out.arg(jobs.len());
+        for (job, i) in jobs.iter().zip(&self.index) {
+            out.arg(*i);
+            reply::time_arg(out, job.now);
+            out.arg(job.cost);
+        }
+    }
+}
+
+/// The script call charging `jobs` (see [`Plan`]), as a redis-rs command
+/// sized up front (a batch's command runs to a few KB, and growing it by
+/// doubling costs a chain of large reallocations and copies per call), and
+/// the script it runs.
+pub(crate) fn command(jobs: &[Job], source: bool) -> (&'static Script, Cmd) {
+    let plan = Plan::new(jobs);
+    let mut cmd = Cmd::with_capacity(plan.args, plan.bytes());
+    plan.write(jobs, source, &mut cmd);
+    (plan.script(), cmd)
+}
+
+/// [`command`] as RESP, appended to `out` (a lane's own socket buffer).
+fn encode(jobs: &[Job], source: bool, out: &mut Vec<u8>) {
+    let plan = Plan::new(jobs);
+    out.reserve(plan.bytes() + 8 * plan.args);
+    out.push(b'*');
+    out.extend_from_slice(itoa::Buffer::new().format(plan.args).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    plan.write(jobs, source, &mut Resp(out));
 }
 
 /// Each request's answer from the script's flat reply: per request, `k` and
 /// its `k` numbers, or `-1` and an error message (see lua/charge.lua).
 pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, StoreError> {
-    let bad = |why: &str| StoreError::Protocol(format!("charge script reply: {why}"));
     let mut out = Vec::with_capacity(jobs.len());
+    answers_into(reply, jobs, &mut out)?;
+    Ok(out)
+}
+
+/// [`answers`] into `out`, which a lane reuses from batch to batch.
+fn answers_into(reply: &[Value], jobs: &[Job], out: &mut Vec<JobReply>) -> Result<(), StoreError> {
+    let bad = |why: &str| StoreError::Protocol(format!("charge script reply: {why}"));
+    out.clear();
     let mut at = 0;
     for job in jobs {
         match reply.get(at) {
@@ -165,10 +237,7 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
                     .get(at + 1)
                     .and_then(|m| String::from_redis_value_ref(m).ok())
                     .unwrap_or_default();
-                out.push(Err(StoreError::Response {
-                    code: message.split_whitespace().next().map(str::to_owned),
-                    message,
-                }));
+                out.push(Err(response_error(message)));
                 at += 2;
             }
             Some(Value::Int(k)) => {
@@ -192,7 +261,7 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
     if at != reply.len() {
         return Err(bad("more answers than requests"));
     }
-    Ok(out)
+    Ok(())
 }
 
 impl Lanes {
@@ -217,24 +286,34 @@ impl Lanes {
                 return rx;
             }
             q.waiting.push((job, tx));
+            let starts_batch = q.waiting.len() == 1;
             if !std::mem::replace(&mut q.running, true) {
                 drop(q);
                 match tokio::runtime::Handle::try_current() {
                     Ok(rt) => {
-                        rt.spawn(run(self.clone(), lane));
+                        if self.endpoint().is_some() {
+                            rt.spawn(run_wire(self.clone(), lane));
+                        } else {
+                            rt.spawn(run(self.clone(), lane));
+                        }
                     }
                     // Dropping the queued senders answers their callers.
                     Err(_) => lock(&queues[lane]).reset(),
                 }
+            } else if starts_batch {
+                // A runner waiting on its own socket's replies sends this
+                // batch too if it has room (one wake per batch, not per request).
+                self.wake(lane).notify_one();
             }
             return rx;
         }
         unreachable!("a store has at least one connection")
     }
 
-    /// Sends one batch on lane `lane`: one answer per job, or the call's error.
+    /// Sends one batch on lane `lane` through redis-rs: one answer per job,
+    /// or the call's error.
     async fn send_batch(&self, lane: usize, jobs: &[Job]) -> Result<Vec<JobReply>, StoreError> {
-        let (script, cmd) = command(jobs);
+        let (script, cmd) = command(jobs, false);
         let reply: Vec<Value> = self.run_on(lane, Call::Eval { script, cmd: &cmd }).await?;
         answers(&reply, jobs)
     }
@@ -256,7 +335,52 @@ impl Drop for Running<'_> {
     }
 }
 
-/// Sends lane `lane`'s batches until its queue is empty.
+/// A batch: its requests and, in the same order, where their answers go.
+#[derive(Default)]
+struct Batch {
+    jobs: Vec<Job>,
+    senders: Vec<Sender>,
+}
+
+impl Batch {
+    /// Takes the next batch off a queue into `self` (empty): up to
+    /// [`MAX_BATCH`] requests whose callers still wait (those that gave up
+    /// before their batch left are never charged). Empty if none still wait.
+    fn take(&mut self, q: &mut Queue) {
+        let n = q.waiting.len().min(MAX_BATCH);
+        self.jobs.reserve(n);
+        self.senders.reserve(n);
+        for (job, tx) in q.waiting.drain(..n).filter(|(_, tx)| !tx.is_closed()) {
+            self.jobs.push(job);
+            self.senders.push(tx);
+        }
+    }
+
+    /// Hands each request its answer, or all of them the whole batch's
+    /// error, and empties the batch (keeping its room for the next).
+    fn deliver(&mut self, replies: Result<impl Iterator<Item = JobReply>, StoreError>) {
+        match replies {
+            Ok(replies) => {
+                for (tx, r) in self.senders.drain(..).zip(replies) {
+                    let _ = tx.send(r);
+                }
+                self.jobs.clear();
+            }
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    /// Answers every request with `e` and empties the batch.
+    fn fail(&mut self, e: &StoreError) {
+        for tx in self.senders.drain(..) {
+            let _ = tx.send(Err(e.clone()));
+        }
+        self.jobs.clear();
+    }
+}
+
+/// Sends lane `lane`'s batches through redis-rs until its queue is empty
+/// (lanes without their own socket: TLS and Unix-socket URLs).
 async fn run(lanes: Arc<Lanes>, lane: usize) {
     let mut running = Running {
         lanes: &lanes,
@@ -272,41 +396,215 @@ async fn run(lanes: Arc<Lanes>, lane: usize) {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let (jobs, senders) = {
+        let mut batch = Batch::default();
+        {
             let mut q = lock(&lanes.queues()[lane]);
             if q.waiting.is_empty() {
                 q.running = false;
                 running.finished = true;
                 return;
             }
-            let n = q.waiting.len().min(MAX_BATCH);
-            let mut jobs = Vec::with_capacity(n);
-            let mut senders = Vec::with_capacity(n);
-            // Callers that gave up before their batch left are never charged.
-            for (job, tx) in q.waiting.drain(..n).filter(|(_, tx)| !tx.is_closed()) {
-                jobs.push(job);
-                senders.push(tx);
-            }
-            (jobs, senders)
-        };
-        if jobs.is_empty() {
+            batch.take(&mut q);
+        }
+        if batch.jobs.is_empty() {
             continue;
         }
         let lanes = lanes.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            match lanes.send_batch(lane, &jobs).await {
-                Ok(replies) => {
-                    for (tx, r) in senders.into_iter().zip(replies) {
-                        let _ = tx.send(r);
-                    }
+            let replies = lanes.send_batch(lane, &batch.jobs).await;
+            batch.deliver(replies.map(Vec::into_iter));
+        });
+    }
+}
+
+/// A batch written to the lane's own socket, waiting for its reply.
+struct Sent {
+    batch: Batch,
+    /// When the connection is given up on if no reply has come.
+    deadline: Instant,
+    /// Sent as `EVAL` with the script's source (after `NOSCRIPT`).
+    source: bool,
+}
+
+/// Sends lane `lane`'s batches on its own socket until its queue is empty
+/// and every reply is in, then parks the socket for the next runner.
+///
+/// One task does it all: it writes each batch as soon as it is taken (at
+/// most [`BATCHES_IN_FLIGHT`] unanswered), reads the replies in order and
+/// hands each request its own. A reply later than the response timeout, a
+/// closed or broken socket, a reply that does not parse, or `READONLY` (a
+/// demoted primary) fails every batch in flight and drops the socket; the
+/// next batch connects a new one.
+async fn run_wire(lanes: Arc<Lanes>, lane: usize) {
+    let mut running = Running {
+        lanes: &lanes,
+        lane,
+        finished: false,
+    };
+    let endpoint = lanes
+        .endpoint()
+        .expect("run_wire runs lanes with an endpoint");
+    let wake = lanes.wake(lane);
+    let mut wire = lock(&lanes.queues()[lane])
+        .parked
+        .take()
+        .and_then(Wire::resume);
+    let mut in_flight: VecDeque<Sent> = VecDeque::with_capacity(BATCHES_IN_FLIGHT);
+    // Buffers reused from batch to batch: no large allocation per call.
+    let mut spare: Vec<Batch> = Vec::with_capacity(BATCHES_IN_FLIGHT);
+    let mut reply = Reading::default();
+    let timer = tokio::time::sleep(endpoint.response_timeout);
+    tokio::pin!(timer);
+    // Let every request that is ready to run join the first batch: one
+    // pass of the scheduler, never a timer.
+    tokio::task::yield_now().await;
+    loop {
+        if in_flight.len() < BATCHES_IN_FLIGHT {
+            let mut batch = spare.pop().unwrap_or_default();
+            {
+                let mut q = lock(&lanes.queues()[lane]);
+                if q.waiting.is_empty() && in_flight.is_empty() {
+                    q.parked = wire.take().and_then(Wire::park);
+                    q.running = false;
+                    running.finished = true;
+                    return;
                 }
-                Err(e) => {
-                    for tx in senders {
-                        let _ = tx.send(Err(e.clone()));
+                batch.take(&mut q);
+            }
+            if !batch.jobs.is_empty() {
+                let w = match &mut wire {
+                    Some(w) => w,
+                    None => match lanes.connect_wire(lane).await {
+                        Ok(w) => wire.insert(w),
+                        Err(e) => {
+                            batch.fail(&e);
+                            spare.push(batch);
+                            continue;
+                        }
+                    },
+                };
+                encode(&batch.jobs, false, w.out());
+                let sent = Sent {
+                    batch,
+                    deadline: Instant::now() + endpoint.response_timeout,
+                    source: false,
+                };
+                if in_flight.is_empty() {
+                    timer.as_mut().reset(sent.deadline);
+                }
+                in_flight.push_back(sent);
+                if let Err(e) = w.flush() {
+                    fail_all(&mut in_flight, &mut spare, &e);
+                    wire = None;
+                }
+                continue;
+            }
+            spare.push(batch);
+            if in_flight.is_empty() {
+                continue;
+            }
+        }
+        let w = wire.as_mut().expect("batches in flight have a connection");
+        let room = in_flight.len() < BATCHES_IN_FLIGHT;
+        let pending = w.pending();
+        let step = tokio::select! {
+            biased;
+            r = w.stream.readable() => match r {
+                Ok(()) => reply.read(w, &mut in_flight, &mut spare, endpoint.response_timeout),
+                Err(e) => Err(StoreError::Unavailable(format!("redis connection failed: {e}"))),
+            },
+            r = w.stream.writable(), if pending => match r {
+                Ok(()) => w.flush(),
+                Err(e) => Err(StoreError::Unavailable(format!("redis connection failed: {e}"))),
+            },
+            () = &mut timer => Err(StoreError::Unavailable(format!(
+                "redis timed out: no reply within {:?}",
+                endpoint.response_timeout
+            ))),
+            () = wake.notified(), if room => {
+                // A new batch is queued: let the rest of it join first.
+                tokio::task::yield_now().await;
+                Ok(())
+            }
+        };
+        match step {
+            Ok(()) => {
+                if let Some(front) = in_flight.front() {
+                    if timer.deadline() != front.deadline {
+                        timer.as_mut().reset(front.deadline);
                     }
                 }
             }
-        });
+            Err(e) => {
+                fail_all(&mut in_flight, &mut spare, &e);
+                wire = None;
+            }
+        }
+    }
+}
+
+/// Answers every batch in flight with `e` (their connection is given up).
+fn fail_all(in_flight: &mut VecDeque<Sent>, spare: &mut Vec<Batch>, e: &StoreError) {
+    for mut sent in in_flight.drain(..) {
+        sent.batch.fail(e);
+        spare.push(sent.batch);
+    }
+}
+
+/// What reading a lane's replies reuses from batch to batch.
+#[derive(Default)]
+struct Reading {
+    values: Vec<Value>,
+    answers: Vec<JobReply>,
+}
+
+impl Reading {
+    /// Reads what the socket has and answers each batch whose reply is
+    /// whole. `NOSCRIPT` (nothing ran) re-sends the batch once with the
+    /// script's source. An error means the connection must be given up.
+    fn read(
+        &mut self,
+        w: &mut Wire,
+        in_flight: &mut VecDeque<Sent>,
+        spare: &mut Vec<Batch>,
+        response_timeout: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        if !w.fill()? {
+            return Ok(());
+        }
+        while let Some(reply) = w.next_reply(&mut self.values)? {
+            let mut sent = in_flight
+                .pop_front()
+                .ok_or_else(|| StoreError::Protocol("redis replied to no call".into()))?;
+            match reply {
+                Reply::Values => {
+                    let answers = &mut self.answers;
+                    let r = answers_into(&self.values, &sent.batch.jobs, answers);
+                    sent.batch.deliver(r.map(|()| answers.drain(..)));
+                }
+                Reply::Error(m) if !sent.source && m.starts_with("NOSCRIPT") => {
+                    encode(&sent.batch.jobs, true, w.out());
+                    in_flight.push_back(Sent {
+                        deadline: Instant::now() + response_timeout,
+                        source: true,
+                        ..sent
+                    });
+                    w.flush()?;
+                    continue;
+                }
+                Reply::Error(m) => {
+                    let e = response_error(m);
+                    sent.batch.fail(&e);
+                    if e.kind() == "readonly" {
+                        // A demoted primary: every later batch would fail too.
+                        spare.push(sent.batch);
+                        return Err(e);
+                    }
+                }
+            }
+            spare.push(sent.batch);
+        }
+        Ok(())
     }
 }

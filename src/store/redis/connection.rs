@@ -12,6 +12,7 @@
 //! broken or demoted (`READONLY`) connection is never reused.
 
 use super::batch::{Job, JobReply, Queue};
+use super::wire::{Endpoint, Wire};
 use crate::error::StoreError;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::{
@@ -20,6 +21,7 @@ use deadpool_redis::redis::{
 use deadpool_redis::{Connection, Pool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::Notify;
 
 /// Checks a freshly made connection before it serves traffic.
 pub(crate) type Vet =
@@ -86,7 +88,7 @@ impl Connections {
             #[cfg(feature = "cluster")]
             Connections::Cluster(cluster) => {
                 let jobs = std::slice::from_ref(&job);
-                let (script, cmd) = super::batch::command(jobs);
+                let (script, cmd) = super::batch::command(jobs, false);
                 let reply: Vec<Value> = cluster.run(Call::Eval { script, cmd: &cmd }).await?;
                 super::batch::answers(&reply, jobs)?
                     .pop()
@@ -166,16 +168,28 @@ pub(crate) struct Lanes {
     lanes: Box<[Mutex<Option<MultiplexedConnection>>]>,
     /// Each lane's charges waiting to travel together (see [`super::batch`]).
     queues: Box<[Mutex<Queue>]>,
+    /// Wakes a lane's runner waiting on its own socket when a new batch queues.
+    wake: Box<[Notify]>,
+    /// Where each lane's own socket for charges connects (plain TCP);
+    /// `None`: charges go through redis-rs too.
+    endpoint: Option<Endpoint>,
     next: AtomicUsize,
     vet: Option<Arc<Vet>>,
 }
 
 impl Lanes {
-    pub(crate) fn new(pool: Pool, n: usize, vet: Option<Arc<Vet>>) -> Self {
+    pub(crate) fn new(
+        pool: Pool,
+        n: usize,
+        endpoint: Option<Endpoint>,
+        vet: Option<Arc<Vet>>,
+    ) -> Self {
         Self {
             pool,
             lanes: (0..n.max(1)).map(|_| Mutex::new(None)).collect(),
             queues: (0..n.max(1)).map(|_| Mutex::default()).collect(),
+            wake: (0..n.max(1)).map(|_| Notify::new()).collect(),
+            endpoint,
             next: AtomicUsize::new(0),
             vet,
         }
@@ -184,6 +198,27 @@ impl Lanes {
     /// The lanes' charge queues.
     pub(crate) fn queues(&self) -> &[Mutex<Queue>] {
         &self.queues
+    }
+
+    /// Lane `i`'s runner wake-up.
+    pub(crate) fn wake(&self, i: usize) -> &Notify {
+        &self.wake[i]
+    }
+
+    /// Where the lanes' own sockets connect, if they have them.
+    pub(crate) fn endpoint(&self) -> Option<&Endpoint> {
+        self.endpoint.as_ref()
+    }
+
+    /// Opens lane `i`'s own socket for charges. The server is vetted first,
+    /// through the lane's redis-rs connection (made now if it has none).
+    pub(crate) async fn connect_wire(&self, i: usize) -> Result<Wire, StoreError> {
+        let endpoint = self
+            .endpoint
+            .as_ref()
+            .expect("only lanes with an endpoint have their own socket");
+        self.get_lane(i).await?;
+        endpoint.connect().await
     }
 
     /// The next lane in turn.

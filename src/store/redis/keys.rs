@@ -29,15 +29,18 @@ pub(crate) fn hash_key(prefix: &str, namespace: &Namespace, key: &Key) -> HashKe
     h.update([0]);
     h.update(key.as_bytes());
     let d = h.finalize();
+    // `:{`, 32 hex digits and `}`, then copied in one piece.
+    let mut tag = [0u8; 35];
+    tag[..2].copy_from_slice(b":{");
+    for (pair, b) in tag[2..34].chunks_exact_mut(2).zip(&d[..16]) {
+        pair[0] = HEX[(b >> 4) as usize];
+        pair[1] = HEX[(b & 15) as usize];
+    }
+    tag[34] = b'}';
     let mut s = HashKey::new();
     s.extend_from_slice(prefix.as_bytes());
     s.extend_from_slice(namespace.name().as_bytes());
-    s.extend_from_slice(b":{");
-    for b in &d[..16] {
-        s.push(HEX[(b >> 4) as usize]);
-        s.push(HEX[(b & 15) as usize]);
-    }
-    s.push(b'}');
+    s.extend_from_slice(&tag);
     s
 }
 

@@ -38,6 +38,7 @@ mod connection;
 mod keys;
 mod reply;
 mod scripts;
+mod wire;
 
 use self::connection::{redis_error, AnyConnection, Call, Connections, Lanes, Vet};
 use crate::decision::Decision;
@@ -138,9 +139,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Multiplexed connections to the primary (default 1).
+    /// Connections ("lanes") to the primary (default 1).
     ///
-    /// Charges on a connection travel in batches: a runner task sends
+    /// Charges on a lane travel in batches: a runner task sends
     /// everything queued as one script call (up to 64 charges), pipelined,
     /// with up to 4 calls in flight; when all 4 are out, charges queue and
     /// leave together with the next. A charge made on an idle service leaves
@@ -150,6 +151,11 @@ impl RedisStoreBuilder {
     /// connection queues at most 4,096 charges; past that, charges fail at
     /// once (per the layer's failure policy) instead of piling up behind a
     /// stalled Redis.
+    ///
+    /// Each lane is one multiplexed redis-rs connection (refunds, status
+    /// reads, concurrency slots) plus, on a plain-TCP `redis://` URL, a socket
+    /// its charge runner owns: it writes the batches and parses their replies
+    /// itself, with no task hop in between.
     ///
     /// ```
     /// use tower_ratelimit::store::RedisStore;
@@ -173,7 +179,8 @@ impl RedisStoreBuilder {
     }
 
     /// Time allowed for one reply on a connection (default 1 s); a connection
-    /// that misses it is replaced. Each request is also bounded by the layer's
+    /// that misses it is replaced (a charge connection first fails every
+    /// batch in flight on it). Each request is also bounded by the layer's
     /// store timeout, whichever is shorter.
     ///
     /// ```
@@ -253,6 +260,7 @@ impl RedisStoreBuilder {
             None => Connections::Lanes(Arc::new(Lanes::new(
                 self.pool(&self.url)?,
                 self.connections,
+                wire::Endpoint::from_url(&self.url, self.connect_timeout, self.response_timeout),
                 Some(vet),
             ))),
             Some(urls) => self.cluster_connections(urls, vet)?,
@@ -264,6 +272,7 @@ impl RedisStoreBuilder {
                 Ok(Connections::Lanes(Arc::new(Lanes::new(
                     self.pool(u)?,
                     1,
+                    None,
                     None,
                 ))))
             })
