@@ -9,12 +9,14 @@
 -- ARGV[1]  P, the number of distinct policies in the batch; then each policy
 --          as lua/policy.lua reads it (n, then 5 arguments per quota)
 -- then     J, the number of requests; then 3 arguments per request: its
---          policy (1..P), now (Unix ms from the application's clock; "" =
---          Redis TIME) and its cost (units to charge)
--- KEYS     per request, in order: the client's hash (prefix .. "{" .. tag ..
---          "}", all scalar state), then one sorted set per sliding-log quota of
---          its policy, in policy order (the hash's key .. ":" .. field prefix:
---          same {tag}, same slot)
+--          policy (1..P, or 0: the same key and policy as the request before
+--          it, which it continues a run of; see charge_run), now (Unix ms
+--          from the application's clock; "" = Redis TIME) and its cost
+--          (units to charge)
+-- KEYS     per request that does not continue a run, in order: the client's
+--          hash (prefix .. "{" .. tag .. "}", all scalar state), then one
+--          sorted set per sliding-log quota of its policy, in policy order
+--          (the hash's key .. ":" .. field prefix: same {tag}, same slot)
 --
 -- Per request: reads every quota's fields with one HMGET, decides, and only
 -- if every quota admits the cost writes the fields that changed with one
@@ -23,7 +25,10 @@
 -- that opens it). A rejection writes nothing. A policy of one quota of any
 -- algorithm but the sliding log does the same through its algorithm's
 -- `alone` function, with no intermediate tables (the common case, and about
--- 20-30% less Redis CPU; scripts/script_cost.sh counts it).
+-- 20-30% less Redis CPU; scripts/script_cost.sh counts it). Requests in a
+-- row for one key and policy without logs (the application marks them) are
+-- one run: one HMGET, one HSET and at most one PEXPIREAT for all of them
+-- (charge_run; about 40% less Redis CPU per decision for a hot key).
 --
 -- Returns one flat array, per request in order: k, then k numbers {allowed
 -- (1/0), now, block_1, ..., block_n}, each quota's state as read, before this
@@ -32,10 +37,10 @@
 -- alone failed (e.g. its key holds another type): the other requests of the
 -- batch are unaffected. (Flat, so the application parses no nested arrays.)
 
--- Appends one request's reply to `out`: its length, then allowed, now and
--- each quota's block.
-local function charge_one(hash, quotas, fields, now, cost, out)
-  local vals = redis.call('HMGET', hash, unpack(fields))
+-- Decides one request on `vals`, its policy's fields as HMGET returns them,
+-- and appends its reply to `out`: its length, then allowed, now and each
+-- quota's block. Returns whether every quota admits the cost.
+local function decide(quotas, vals, now, cost, out)
   local allowed = 1
   for i = 1, #quotas do
     local q = quotas[i]
@@ -52,23 +57,88 @@ local function charge_one(hash, quotas, fields, now, cost, out)
     local q = quotas[i]
     q.alg.reply(q, q.st, cost, out)
   end
-
-  if allowed == 1 then
-    local set = {}
-    local latest, moved = 0, false
-    for i = 1, #quotas do
-      local q = quotas[i]
-      local e, m = q.alg.write(q, q.st, cost, now, set)
-      if e > latest then latest = e end
-      moved = moved or m
-    end
-    redis.call('HSET', hash, unpack(set))
-    if moved then
-      redis.call('PEXPIREAT', hash, math.max(latest, now) + 1000)
-    end
-  end
   out[start] = #out - start
   out[start + 1] = allowed
+  return allowed == 1
+end
+
+-- The fields and values an admitted charge changes, as HSET takes them, and
+-- the key's new expiry if it may have moved (else nil).
+local function writes(quotas, now, cost)
+  local set = {}
+  local latest, moved = 0, false
+  for i = 1, #quotas do
+    local q = quotas[i]
+    local e, m = q.alg.write(q, q.st, cost, now, set)
+    if e > latest then latest = e end
+    moved = moved or m
+  end
+  return set, moved and math.max(latest, now) + 1000 or nil
+end
+
+-- Charges one request: reads its fields with one HMGET, decides, and if
+-- admitted writes what changed with one HSET (and PEXPIREAT if it moved).
+local function charge_one(hash, quotas, fields, now, cost, out)
+  local vals = redis.call('HMGET', hash, unpack(fields))
+  if decide(quotas, vals, now, cost, out) then
+    local set, expire = writes(quotas, now, cost)
+    redis.call('HSET', hash, unpack(set))
+    if expire then redis.call('PEXPIREAT', hash, expire) end
+  end
+end
+
+-- A run of requests in a row for one key under one policy without logs (a
+-- hot client, a global limit; the application marks them, policy 0): one HMGET, then each request decided on the
+-- fields as the requests before it in the run left them, then one HSET of
+-- the fields that changed and the PEXPIREAT the last one to move the expiry
+-- set. The same replies and the same final state as charging them one by
+-- one (numbers are integers below 2^53, stored and read back exactly), with
+-- three Redis calls for the run instead of two or three per request. If the
+-- HSET fails (say OOM), the whole run fails: nothing of it was written.
+-- (`args`: where the requests' arguments start, ARGV[args] = J.)
+local function charge_run(hash, pol, first, last, args, out)
+  local vals = redis.call('HMGET', hash, unpack(pol.fields))
+  local quotas, step, ARGV = pol.quotas, pol.step, ARGV
+  local index = pol.index
+  if index == nil then
+    index = {}
+    for i, f in ipairs(pol.fields) do index[f] = i end
+    pol.index = index
+  end
+  local changed, expire = {}, nil
+  local now_arg, now, cost_arg, cost
+  for i = first, last do
+    -- Times and costs parsed only when they change (see run() below).
+    local base = args + 3 * (i - 1)
+    local t, c = ARGV[base + 2], ARGV[base + 3]
+    if t ~= now_arg or t == '' then now_arg, now = t, read_now(t) end
+    if c ~= cost_arg then cost_arg, cost = c, tonumber(c) end
+    if step then
+      -- A lone quota whose algorithm steps through a run on `vals` itself.
+      local wrote, e = step(quotas[1], vals, now, cost, out)
+      if wrote then
+        changed[1], changed[2] = true, true
+        if e then expire = e end
+      end
+    elseif decide(quotas, vals, now, cost, out) then
+      local set, e = writes(quotas, now, cost)
+      for f = 1, #set, 2 do
+        local pos = index[set[f]]
+        vals[pos] = set[f + 1]
+        changed[pos] = true
+      end
+      if e then expire = e end
+    end
+  end
+  local set = {}
+  for pos in pairs(changed) do
+    if vals[pos] then
+      set[#set + 1] = pol.fields[pos]
+      set[#set + 1] = vals[pos]
+    end
+  end
+  if #set > 0 then redis.call('HSET', hash, unpack(set)) end
+  if expire then redis.call('PEXPIREAT', hash, expire) end
 end
 
 local policies = {}
@@ -80,15 +150,16 @@ for i = 1, tonumber(ARGV[1]) do
   local logs = false
   for _, q in ipairs(quotas) do logs = logs or q.alg.log ~= nil end
   policies[i] = {quotas = quotas, fields = quota_fields(quotas), logs = logs,
-    alone = #quotas == 1 and quotas[1].alg.alone or nil}
+    alone = #quotas == 1 and quotas[1].alg.alone or nil,
+    step = #quotas == 1 and quotas[1].alg.step or nil}
 end
 
--- One pcall for the whole batch, not one per request: when request j fails,
--- its partial reply is taken back, it alone gets the error, and the loop
--- resumes at j + 1.
+-- One pcall for the whole batch, not one per request: when request j (or
+-- the run j..last) fails, its partial reply is taken back, it alone gets the
+-- error, and the loop resumes after it.
 local count = tonumber(ARGV[at])
 local out = {}
-local j, k, mark = 1, 1, 0
+local j, k, mark, last = 1, 1, 0, 1
 local function run()
   -- The previous request's policy, time and cost, parsed: the requests of a
   -- batch mostly share them, and tonumber (glibc's strtod) costs about 1,000
@@ -96,32 +167,47 @@ local function run()
   -- before.) Locals of run(), not of the chunk: upvalues cost an allocation
   -- each per call, which a call of one request would pay for nothing.
   local pol_arg, pol, now_arg, now, cost_arg, cost
+  -- Locals: a global is a table lookup on each use.
+  local KEYS, ARGV = KEYS, ARGV
   while j <= count do
     mark = #out
+    last = j
     local base = at + 3 * (j - 1)
     local p = ARGV[base + 1]
     if p ~= pol_arg then pol_arg, pol = p, policies[tonumber(p)] end
     local hash = KEYS[k]
     k = k + 1
     if pol.logs then k = bind_logs(pol.quotas, k) end
-    local t, c = ARGV[base + 2], ARGV[base + 3]
-    if t ~= now_arg or t == '' then now_arg, now = t, read_now(t) end
-    if c ~= cost_arg then cost_arg, cost = c, tonumber(c) end
-    if pol.alone then
-      pol.alone(pol.quotas[1], hash, now, cost, out, c)
-    else
-      charge_one(hash, pol.quotas, pol.fields, now, cost, out)
+    -- The requests right after it whose policy is "0" continue its run:
+    -- the same key (not repeated in KEYS) and policy, never one with logs.
+    while last < count and ARGV[at + 3 * last + 1] == '0' do
+      last = last + 1
     end
-    j = j + 1
+    if last > j then
+      charge_run(hash, pol, j, last, at, out)
+    else
+      local t, c = ARGV[base + 2], ARGV[base + 3]
+      if t ~= now_arg or t == '' then now_arg, now = t, read_now(t) end
+      if c ~= cost_arg then cost_arg, cost = c, tonumber(c) end
+      if pol.alone then
+        pol.alone(pol.quotas[1], hash, now, cost, out, c)
+      else
+        charge_one(hash, pol.quotas, pol.fields, now, cost, out)
+      end
+    end
+    j = last + 1
   end
 end
 while j <= count do
   local ok, err = pcall(run)
   if not ok then
     for i = #out, mark + 1, -1 do out[i] = nil end
-    out[mark + 1] = -1
-    out[mark + 2] = type(err) == 'table' and tostring(err.err) or tostring(err)
-    j = j + 1
+    local message = type(err) == 'table' and tostring(err.err) or tostring(err)
+    for _ = j, last do
+      out[#out + 1] = -1
+      out[#out + 1] = message
+    end
+    j = last + 1
   end
 end
 return out

@@ -84,6 +84,34 @@ function fixed_window.alone(q, hash, now, cost, out, cost_arg)
   end
 end
 
+-- A run of requests for one key under a policy of this quota alone (see
+-- lua/charge.lua's charge_run): `v` holds the count and reset as stored,
+-- and each request is decided on them as the one before it left them, with
+-- no table per request. Appends the request's reply to `out` and returns
+-- whether it wrote: the count changed, and the key's new expiry if it opened
+-- a window (else nil).
+function fixed_window.step(q, v, now, cost, out)
+  local c, r = tonumber(v[1]), tonumber(v[2])
+  local fresh = c == nil or r == nil or r <= now
+  if fresh then
+    c, r = 0, now + q.b
+  end
+  local allowed = cost <= q.a and c + cost <= q.a
+  local n = #out
+  out[n + 1] = 4
+  out[n + 2] = allowed and 1 or 0
+  out[n + 3] = now
+  out[n + 4] = c
+  out[n + 5] = r
+  if not allowed then return false end
+  v[1] = c + cost
+  if fresh then
+    v[2] = r
+    return true, r + 1000
+  end
+  return true
+end
+
 -- A refund reaches only the window charged (its reset is `id`), never below zero.
 function fixed_window.refund(q, v, id, now, cost, set)
   local c, r = tonumber(v[q.first]), tonumber(v[q.first + 1])

@@ -599,3 +599,123 @@ async fn a_reply_later_than_the_response_timeout_fails_the_batch_and_drops_the_c
     assert!(d.is_allowed());
     assert!(connections() > before, "the late connection was reused");
 }
+
+/// Requests in a row for one key under one policy (a hot client, a global
+/// limit) are charged in one run inside the script: one HMGET and one HSET
+/// for the run (lua/charge.lua, `charge_run`). Every decision is still the
+/// memory store's for the same requests one by one, rejections and a window
+/// crossed mid-run included, and the stored state (fields and expiry) is
+/// exactly what charging them one call each leaves.
+#[tokio::test]
+async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one() {
+    let Some((server, store, now)) = started().await else {
+        return;
+    };
+    let lone = |alg, limit| {
+        let q = Quota::new(limit, Duration::from_secs(60))
+            .unwrap()
+            .with_algorithm(alg)
+            .unwrap();
+        Policy::new(q)
+    };
+    let two = {
+        let burst = Quota::new(2, Duration::from_secs(1))
+            .unwrap()
+            .with_algorithm(Algorithm::TokenBucket)
+            .unwrap()
+            .burst(4)
+            .unwrap();
+        Policy::new(Quota::new(6, Duration::from_secs(60)).unwrap())
+            .and(burst)
+            .unwrap()
+    };
+    let policies = [
+        fixed(5),
+        lone(Algorithm::TokenBucket, 5),
+        lone(Algorithm::Gcra, 5),
+        lone(Algorithm::SlidingWindow, 5),
+        two,
+        mixed(),
+    ];
+    // (client, policy, ms after `now`, cost): runs of 1 to 9 requests for one
+    // key, past its quota, with times and costs changing mid-run and a
+    // window crossed mid-run; the sliding-log policy is never run together.
+    let mut requests = Vec::new();
+    let mut t = 0;
+    for (i, len) in [9, 1, 4, 7, 2, 9, 3, 8, 5, 9, 6, 1].into_iter().enumerate() {
+        let policy = i % policies.len();
+        let client = i % 3;
+        for r in 0..len as u64 {
+            if r == 4 {
+                t += 61_000;
+            }
+            let cost = [1, 1, 2, 1, 9, 1, 3, 1, 1][r as usize];
+            requests.push((client * 10 + policy, policy, t, cost));
+        }
+        t += 7;
+    }
+    let keys: Vec<Key> = (0..30).map(|i| Key::new(format!("c{i}"))).collect();
+    let charge_in = |ns, store: &dyn Store, &(k, p, t, cost): &(usize, usize, u64, u64)| {
+        store.charge(&Charge {
+            namespace: ns,
+            key: &keys[k],
+            policy: &policies[p],
+            cost,
+            now_ms: now + t,
+            timeout: Duration::from_secs(5),
+        })
+    };
+    let (batched, single) = (Namespace::new("runs"), Namespace::new("one-by-one"));
+    // The script for this set of algorithms loaded.
+    let warm = Namespace::new("runs-warm");
+    for r in join_all(requests.iter().map(|r| charge_in(&warm, &store, r))).await {
+        r.unwrap();
+    }
+
+    let monitor = server.monitor();
+    let from_redis: Vec<Decision> =
+        join_all(requests.iter().map(|r| charge_in(&batched, &store, r)))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    let seen = monitor.stop();
+    assert_eq!(script_calls(&seen).len(), 1, "one script call");
+    let runs_without_logs = 10;
+    let log_requests = 9 + 1;
+    assert_eq!(
+        script_internal(&seen, "HMGET"),
+        runs_without_logs + log_requests,
+        "one HMGET per run"
+    );
+
+    let memory = tower_ratelimit::store::MemoryStore::new();
+    let mut one_call_each = Vec::new();
+    for r in &requests {
+        let mem = charge_in(&batched, &memory, r).await.unwrap();
+        one_call_each.push(charge_in(&single, &store, r).await.unwrap());
+        assert_eq!(from_redis[one_call_each.len() - 1], mem, "request {r:?}");
+    }
+    assert_eq!(from_redis, one_call_each);
+    let admitted = from_redis.iter().filter(|d| d.is_allowed()).count();
+    assert!(
+        (10..requests.len()).contains(&admitted),
+        "{admitted} admitted"
+    );
+
+    let mut conn = server.conn();
+    for (k, key) in keys.iter().enumerate() {
+        let (a, b) = (
+            store.redis_key(&batched, key),
+            store.redis_key(&single, key),
+        );
+        let mut fields = |name: &str| {
+            let mut f = conn.cmd(&["HGETALL", name]).unwrap().as_strings();
+            f.sort();
+            f
+        };
+        assert_eq!(fields(&a), fields(&b), "client {k}'s fields");
+        let mut expiry = |name: &str| conn.cmd(&["PEXPIRETIME", name]).unwrap().as_int();
+        assert_eq!(expiry(&a), expiry(&b), "client {k}'s expiry");
+    }
+}

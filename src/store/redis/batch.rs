@@ -110,10 +110,13 @@ fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 }
 
 /// A batch's script call, planned: each distinct policy once, then per
-/// request its policy's index, time and cost; keys in request order.
+/// request its policy's index, time and cost; keys in request order. A
+/// request for the same key and policy as the one before it (without a
+/// sliding log) continues its run: policy index 0 and no keys, and the
+/// script reads and writes the key once for the run (lua/charge.lua).
 struct Plan<'j> {
     policies: SmallVec<[&'j Policy; 4]>,
-    /// Per request, its policy's index (from 1).
+    /// Per request, its policy's index (from 1), or 0 if it continues a run.
     index: SmallVec<[usize; MAX_BATCH]>,
     keys: usize,
     /// The keys' bytes, plus per key a little for a sliding log's `:` and field prefix.
@@ -129,16 +132,24 @@ impl<'j> Plan<'j> {
         let mut policies: SmallVec<[&Policy; 4]> = SmallVec::new();
         let mut index = SmallVec::new();
         let (mut keys, mut key_bytes) = (0, 0);
+        let mut previous: Option<(&Job, usize)> = None;
         for job in jobs {
             let i = match policies.iter().position(|p| **p == job.policy) {
-                Some(i) => i,
+                Some(i) => i + 1,
                 None => {
                     policies.push(&job.policy);
-                    policies.len() - 1
+                    policies.len()
                 }
             };
-            index.push(i + 1);
             let n = reply::key_count(&job.policy);
+            let continues =
+                n == 1 && previous.is_some_and(|(p, pi)| pi == i && p.hash_key == job.hash_key);
+            previous = Some((job, i));
+            if continues {
+                index.push(0);
+                continue;
+            }
+            index.push(i);
             keys += n;
             key_bytes += (job.hash_key.len() + 24) * n;
         }
@@ -177,8 +188,10 @@ impl<'j> Plan<'j> {
             out.arg("EVALSHA").arg(self.script().get_hash());
         }
         out.arg(self.keys);
-        for job in jobs {
-            reply::keys(out, &job.hash_key, &job.policy);
+        for (job, i) in jobs.iter().zip(&self.index) {
+            if *i != 0 {
+                reply::keys(out, &job.hash_key, &job.policy);
+            }
         }
         out.arg(self.policies.len());
         for p in &self.policies {
@@ -606,5 +619,66 @@ impl Reading {
             spare.push(sent.batch);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+    use deadpool_redis::redis::Arg;
+    use std::time::Duration;
+
+    fn job(key: &str, policy: &Policy) -> Job {
+        Job {
+            hash_key: HashKey::from_slice(key.as_bytes()),
+            policy: policy.clone(),
+            now: Some(1_000),
+            cost: 1,
+        }
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "?".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_request_for_the_previous_ones_key_and_policy_continues_its_run() {
+        let a = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
+        let b = Policy::new(Quota::new(9, Duration::from_secs(60)).unwrap());
+        let jobs = [
+            job("x", &a),
+            job("x", &a),
+            job("x", &a),
+            job("y", &a),
+            job("y", &b),
+            job("x", &a),
+        ];
+        let (_, cmd) = command(&jobs, false);
+        let args = args(&cmd);
+        // EVALSHA, hash, then the keys of the requests that start a run.
+        assert_eq!(args[2..7], ["4", "x", "y", "y", "x"]);
+        // The per-request triples close the command: policy index 0 = "continues".
+        let per_request: Vec<&str> = args[args.len() - 18..]
+            .chunks(3)
+            .map(|r| r[0].as_str())
+            .collect();
+        assert_eq!(per_request, ["1", "0", "0", "1", "2", "1"]);
+    }
+
+    #[test]
+    fn the_resp_encoding_is_the_redis_rs_command_byte_for_byte() {
+        let a = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
+        let jobs = [job("x", &a), job("x", &a), job("{z}", &a)];
+        for source in [false, true] {
+            let mut resp = Vec::new();
+            encode(&jobs, source, &mut resp);
+            assert_eq!(resp, command(&jobs, source).1.get_packed_command());
+        }
     }
 }
