@@ -24,8 +24,9 @@
 //!   re-sent once, never charged twice (on its own socket with the script's
 //!   source, `EVAL`; through redis-rs after `SCRIPT LOAD`).
 //! - A failure of one request inside the script (say, its key holds another
-//!   type) answers that request with an error and leaves the rest of the batch
-//!   alone; a failure of the call (connection, timeout, `OOM`, `BUSY`) answers
+//!   type) answers that request with an error (with the rest of its run of
+//!   requests for the same key, see [`Plan`]) and leaves the rest of the
+//!   batch alone; a failure of the call (connection, timeout, `OOM`, `BUSY`) answers
 //!   every request of the batch with it, through the layer's failure policy.
 //! - A lane's queue holds at most [`MAX_QUEUED`] requests; past that a charge
 //!   fails at once rather than queueing behind a stalled Redis.
