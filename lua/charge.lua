@@ -117,8 +117,9 @@ local function charge_run(hash, pol, first, last, args, out)
       -- A lone quota whose algorithm steps through a run on `vals` itself.
       local wrote, e = step(quotas[1], vals, now, cost, out)
       if wrote then
-        changed[1], changed[2] = true, true
-        if e then expire = e end
+        changed[1] = true
+        -- A new expiry comes with a new window, whose reset is stored too.
+        if e then changed[2], expire = true, e end
       end
     elseif decide(quotas, vals, now, cost, out) then
       local set, e = writes(quotas, now, cost)

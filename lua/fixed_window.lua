@@ -88,8 +88,8 @@ end
 -- lua/charge.lua's charge_run): `v` holds the count and reset as stored,
 -- and each request is decided on them as the one before it left them, with
 -- no table per request. Appends the request's reply to `out` and returns
--- whether it wrote: the count changed, and the key's new expiry if it opened
--- a window (else nil).
+-- whether it wrote: the count (v[1]) changed, and, if it opened a window,
+-- the key's new expiry (the reset, v[2], changed too; else nil).
 function fixed_window.step(q, v, now, cost, out)
   local c, r = tonumber(v[1]), tonumber(v[2])
   local fresh = c == nil or r == nil or r <= now

@@ -719,3 +719,24 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
         assert_eq!(expiry(&a), expiry(&b), "client {k}'s expiry");
     }
 }
+
+/// An idle lane's socket that the server closed meanwhile (its `timeout`,
+/// a proxy, `CLIENT KILL`) is found closed before the next batch is written
+/// on it: that batch goes out on a new connection instead of failing.
+#[tokio::test]
+async fn a_parked_connection_the_server_closed_is_replaced_before_the_next_charge() {
+    let Some((server, store, now)) = started().await else {
+        return;
+    };
+    let (ns, key, p) = (Namespace::new("killed"), Key::new("k"), fixed(10));
+    assert!(charge(&store, &ns, &key, &p, now)
+        .await
+        .unwrap()
+        .is_allowed());
+    let killed = server.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    assert!(killed.as_int() >= 1, "{killed:?}");
+    for remaining in [8, 7] {
+        let d = charge(&store, &ns, &key, &p, now).await.unwrap();
+        assert_eq!(d.statuses()[0].remaining, remaining);
+    }
+}

@@ -305,16 +305,24 @@ impl Lanes {
                 drop(q);
                 match tokio::runtime::Handle::try_current() {
                     Ok(rt) => {
+                        // Made before the task: a task dropped before its
+                        // first poll (a runtime shutting down) still marks
+                        // the lane idle.
+                        let running = Running {
+                            lanes: self.clone(),
+                            lane,
+                            finished: false,
+                        };
                         if self.endpoint().is_some() {
-                            rt.spawn(run_wire(self.clone(), lane));
+                            rt.spawn(run_wire(running));
                         } else {
-                            rt.spawn(run(self.clone(), lane));
+                            rt.spawn(run(running));
                         }
                     }
                     // Dropping the queued senders answers their callers.
                     Err(_) => lock(&queues[lane]).reset(),
                 }
-            } else if starts_batch {
+            } else if starts_batch && self.endpoint().is_some() {
                 // A runner waiting on its own socket's replies sends this
                 // batch too if it has room (one wake per batch, not per request).
                 self.wake(lane).notify_one();
@@ -329,19 +337,25 @@ impl Lanes {
     async fn send_batch(&self, lane: usize, jobs: &[Job]) -> Result<Vec<JobReply>, StoreError> {
         let (script, cmd) = command(jobs, false);
         let reply: Vec<Value> = self.run_on(lane, Call::Eval { script, cmd: &cmd }).await?;
-        answers(&reply, jobs)
+        let answers = answers(&reply, jobs)?;
+        if readonly(&answers).is_some() {
+            // A demoted primary: replace the connection.
+            self.discard(lane);
+        }
+        Ok(answers)
     }
 }
 
-/// Marks the lane idle and answers what is still queued (with an error, by
-/// dropping the senders) if the runner is dropped mid-way (its runtime shut down).
-struct Running<'a> {
-    lanes: &'a Lanes,
+/// A lane's runner: marks the lane idle and answers what is still queued
+/// (with an error, by dropping the senders) if the runner is dropped mid-way
+/// or before it ever ran (its runtime shut down).
+struct Running {
+    lanes: Arc<Lanes>,
     lane: usize,
     finished: bool,
 }
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         if !self.finished {
             lock(&self.lanes.queues()[self.lane]).reset();
@@ -384,6 +398,19 @@ impl Batch {
         }
     }
 
+    /// Takes out the requests whose callers gave up.
+    fn drop_abandoned(&mut self) {
+        let mut i = 0;
+        while i < self.senders.len() {
+            if self.senders[i].is_closed() {
+                self.senders.swap_remove(i);
+                self.jobs.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// Answers every request with `e` and empties the batch.
     fn fail(&mut self, e: &StoreError) {
         for tx in self.senders.drain(..) {
@@ -395,12 +422,8 @@ impl Batch {
 
 /// Sends lane `lane`'s batches through redis-rs until its queue is empty
 /// (lanes without their own socket: TLS and Unix-socket URLs).
-async fn run(lanes: Arc<Lanes>, lane: usize) {
-    let mut running = Running {
-        lanes: &lanes,
-        lane,
-        finished: false,
-    };
+async fn run(mut running: Running) {
+    let (lanes, lane) = (running.lanes.clone(), running.lane);
     let slots = lock(&lanes.queues()[lane]).slots.clone();
     loop {
         // Let every request that is ready to run join this batch: one pass
@@ -450,12 +473,8 @@ struct Sent {
 /// closed or broken socket, a reply that does not parse, or `READONLY` (a
 /// demoted primary) fails every batch in flight and drops the socket; the
 /// next batch connects a new one.
-async fn run_wire(lanes: Arc<Lanes>, lane: usize) {
-    let mut running = Running {
-        lanes: &lanes,
-        lane,
-        finished: false,
-    };
+async fn run_wire(mut running: Running) {
+    let (lanes, lane) = (running.lanes.clone(), running.lane);
     let endpoint = lanes
         .endpoint()
         .expect("run_wire runs lanes with an endpoint");
@@ -476,7 +495,7 @@ async fn run_wire(lanes: Arc<Lanes>, lane: usize) {
     loop {
         if in_flight.len() < BATCHES_IN_FLIGHT {
             let mut batch = spare.pop().unwrap_or_default();
-            {
+            let more = {
                 let mut q = lock(&lanes.queues()[lane]);
                 if q.waiting.is_empty() && in_flight.is_empty() {
                     q.parked = wire.take().and_then(Wire::park);
@@ -485,19 +504,22 @@ async fn run_wire(lanes: Arc<Lanes>, lane: usize) {
                     return;
                 }
                 batch.take(&mut q);
+                !q.waiting.is_empty()
+            };
+            if !batch.jobs.is_empty() && wire.is_none() {
+                match lanes.connect_wire(lane).await {
+                    Ok(w) => wire = Some(w),
+                    Err(e) => {
+                        batch.fail(&e);
+                        spare.push(batch);
+                        continue;
+                    }
+                }
+                // Connecting may take a while: callers that gave up
+                // meanwhile are not charged either.
+                batch.drop_abandoned();
             }
-            if !batch.jobs.is_empty() {
-                let w = match &mut wire {
-                    Some(w) => w,
-                    None => match lanes.connect_wire(lane).await {
-                        Ok(w) => wire.insert(w),
-                        Err(e) => {
-                            batch.fail(&e);
-                            spare.push(batch);
-                            continue;
-                        }
-                    },
-                };
+            if let (false, Some(w)) = (batch.jobs.is_empty(), &mut wire) {
                 encode(&batch.jobs, false, w.out());
                 let sent = Sent {
                     batch,
@@ -511,11 +533,13 @@ async fn run_wire(lanes: Arc<Lanes>, lane: usize) {
                 if let Err(e) = w.flush() {
                     fail_all(&mut in_flight, &mut spare, &e);
                     wire = None;
+                    lanes.discard(lane);
                 }
                 continue;
             }
             spare.push(batch);
-            if in_flight.is_empty() {
+            // Only abandoned requests were taken: take again if more wait.
+            if in_flight.is_empty() || more {
                 continue;
             }
         }
@@ -553,6 +577,9 @@ async fn run_wire(lanes: Arc<Lanes>, lane: usize) {
             Err(e) => {
                 fail_all(&mut in_flight, &mut spare, &e);
                 wire = None;
+                // The lane's redis-rs connection is made (and the server
+                // vetted) again with the next socket.
+                lanes.discard(lane);
             }
         }
     }
@@ -564,6 +591,15 @@ fn fail_all(in_flight: &mut VecDeque<Sent>, spare: &mut Vec<Batch>, e: &StoreErr
         sent.batch.fail(e);
         spare.push(sent.batch);
     }
+}
+
+/// The `READONLY` error among `answers`, if any: the connection reaches a
+/// replica (a demoted primary) and must be replaced.
+fn readonly(answers: &[JobReply]) -> Option<StoreError> {
+    answers
+        .iter()
+        .find_map(|a| a.as_ref().err().filter(|e| e.kind() == "readonly"))
+        .cloned()
 }
 
 /// What reading a lane's replies reuses from batch to batch.
@@ -595,7 +631,14 @@ impl Reading {
                 Reply::Values => {
                     let answers = &mut self.answers;
                     let r = answers_into(&self.values, &sent.batch.jobs, answers);
+                    let demoted = readonly(answers);
                     sent.batch.deliver(r.map(|()| answers.drain(..)));
+                    if let Some(e) = demoted {
+                        // A demoted primary (the script's write met
+                        // READONLY): every later batch would fail too.
+                        spare.push(sent.batch);
+                        return Err(e);
+                    }
                 }
                 Reply::Error(m) if !sent.source && m.starts_with("NOSCRIPT") => {
                     encode(&sent.batch.jobs, true, w.out());

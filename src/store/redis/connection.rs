@@ -284,7 +284,7 @@ impl Lanes {
     }
 
     /// Drops lane `i`'s connection after an error that may have broken it.
-    fn discard(&self, i: usize) {
+    pub(crate) fn discard(&self, i: usize) {
         self.lanes[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -7,7 +7,8 @@
 //! application CPU per request. Here the runner writes each batch's `EVALSHA`
 //! straight into its own socket and reads the flat reply itself (integers
 //! and, for a request that failed inside the script, one error string): no
-//! task hop between the runner and the socket, no allocation per batch.
+//! task hop between the runner and the socket, and buffers reused from batch
+//! to batch.
 //!
 //! Only charges use it. Refunds, status reads, concurrency slots and the
 //! eviction check stay on redis-rs; so do TLS and Unix-socket URLs, whose
@@ -141,8 +142,15 @@ impl Wire {
         })
     }
 
-    /// Takes a parked connection up again on the current runtime.
+    /// Takes a parked connection up again on the current runtime; `None`
+    /// (dropped) if the server closed it meanwhile (its idle `timeout`, a
+    /// proxy) or it holds bytes nobody asked for: the next batch then
+    /// connects anew instead of failing on it.
     pub(crate) fn resume(p: Parked) -> Option<Wire> {
+        match p.stream.peek(&mut [0]) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            _ => return None,
+        }
         Some(Wire {
             stream: TcpStream::from_std(p.stream).ok()?,
             read: p.read,
@@ -306,7 +314,7 @@ fn line(buf: &[u8], at: usize) -> Result<Option<(&[u8], usize)>, StoreError> {
     let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
         return Ok(None);
     };
-    if nl == 0 || rest[nl - 1] != b'\r' {
+    if nl < 2 || rest[nl - 1] != b'\r' {
         return Err(protocol("a line not ended by CRLF"));
     }
     Ok(Some((&rest[1..nl - 1], at + nl + 1)))
@@ -419,6 +427,8 @@ mod tests {
             b"$3\r\nabcd\r\n",
             b"?\r\n",
             b"*1\r\n$99999999999\r\n",
+            b"\r\n",
+            b"*1\r\n\r\n",
         ] {
             let e = parsed(bad).unwrap_err();
             assert_eq!(e.kind(), "protocol", "{:?}", String::from_utf8_lossy(bad));
