@@ -11,9 +11,12 @@
 --                                expiry and whether it may have moved (else
 --                                the key's PEXPIREAT is already right)
 --   refund(q, v, id, now, cost, set)
--- and may define alone(q, hash, now, cost, out, cost_arg): the whole charge
--- of a policy of that one quota, faster (see lua/charge.lua; cost_arg is the
--- cost as sent, a decimal string).
+-- and may define step(q, v, now, cost, out), one request's decision on a
+-- lone quota's own fields v[1..] (see fixed_window.step below; a run of
+-- requests for one key steps through them, lua/charge.lua's charge_run), and
+-- alone(q, hash, now, cost, out, cost_arg): the whole charge of a policy of
+-- that one quota, faster (see lua/charge.lua; cost_arg is the cost as sent,
+-- a decimal string).
 --
 -- Quota arguments: q.a = limit, q.b = window (ms).
 -- Hash fields: <prefix>c = units charged in the window, <prefix>r = the
@@ -85,7 +88,10 @@ function fixed_window.alone(q, hash, now, cost, out, cost_arg)
 end
 
 -- A run of requests for one key under a policy of this quota alone (see
--- lua/charge.lua's charge_run): `v` holds the count and reset as stored,
+-- lua/charge.lua's charge_run; each algorithm's step is the same decision as
+-- its alone, kept apart because a Lua call per request would cost a lone
+-- charge about 2%: the runs and property tests pin both to read/fits/reply/
+-- write): `v` holds the count and reset as stored,
 -- and each request is decided on them as the one before it left them, with
 -- no table per request. Appends the request's reply to `out` and returns
 -- whether it wrote: the count (v[1]) changed, and, if it opened a window,

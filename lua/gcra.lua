@@ -49,6 +49,31 @@ function gcra.write(q, st, cost, now, set)
   return gcra_set(q, now, st.d + cost * q.a, set), true
 end
 
+-- One request's decision on `v` = {tat, fraction} as stored (see
+-- fixed_window.step): if admitted, leaves the new TAT and fraction in v and
+-- returns true and the key's new expiry.
+function gcra.step(q, v, now, cost, out)
+  local tat, f = tonumber(v[1]), tonumber(v[2])
+  if tat == nil or f == nil then
+    tat = now
+    f = 0
+  end
+  local d = gcra_backlog(q, tat, f, now)
+  local allowed = rate_fits(q, d, cost)
+  local n = #out
+  out[n + 1] = 4
+  out[n + 2] = allowed and 1 or 0
+  out[n + 3] = now
+  out[n + 4] = tat
+  out[n + 5] = f
+  if not allowed then return false end
+  local after = d + cost * q.a
+  local af = math.fmod(after, q.b)
+  local at = now + (after - af) / q.b
+  v[1], v[2] = at, af
+  return true, math.max(at + (af > 0 and 1 or 0), now) + 1000
+end
+
 -- The whole charge of a policy of this quota alone, with no intermediate
 -- tables: the same read, decision, reply and writes as read/fits/reply/write
 -- above and lua/charge.lua's charge_one (see fixed_window.alone).

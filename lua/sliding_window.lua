@@ -61,6 +61,29 @@ function sliding_window.write(q, st, cost, now, set)
   return st.s + 2 * q.b, st.fresh
 end
 
+-- One request's decision on `v` = {start, current, previous} as stored
+-- (see fixed_window.step): if admitted, leaves the window rolled forward and
+-- charged in v and returns true and, if the window is new or rolled (every
+-- field changed), the key's new expiry; else only the count changed.
+function sliding_window.step(q, v, now, cost, out)
+  local rs, rc, rp, s, c, p, fresh, used =
+    sw_roll(q, tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), now)
+  local allowed = cost <= q.a and used + cost * q.b <= q.a * q.b
+  local n = #out
+  out[n + 1] = 5
+  out[n + 2] = allowed and 1 or 0
+  out[n + 3] = now
+  out[n + 4] = rs
+  out[n + 5] = rc
+  out[n + 6] = rp
+  if not allowed then return false end
+  v[1], v[2], v[3] = s, c + cost, p
+  if fresh then
+    return true, math.max(s + 2 * q.b, now) + 1000
+  end
+  return true
+end
+
 -- The whole charge of a policy of this quota alone, with no intermediate
 -- tables: the same read, decision, reply and writes as read/fits/reply/write
 -- above and lua/charge.lua's charge_one (see fixed_window.alone).

@@ -45,6 +45,29 @@ function token_bucket.write(q, st, cost, now, set)
   return st.at + ceil_div(after, q.b), true
 end
 
+-- One request's decision on `v` = {level, at} as stored (see
+-- fixed_window.step): if admitted, leaves the new level and time in v and
+-- returns true and the key's new expiry.
+function token_bucket.step(q, v, now, cost, out)
+  local l, t = tonumber(v[1]), tonumber(v[2])
+  if l == nil or t == nil then
+    l = q.c
+    t = now
+  end
+  local at, d = tb_backlog(q, l, t, now)
+  local allowed = rate_fits(q, d, cost)
+  local n = #out
+  out[n + 1] = 4
+  out[n + 2] = allowed and 1 or 0
+  out[n + 3] = now
+  out[n + 4] = l
+  out[n + 5] = t
+  if not allowed then return false end
+  local after = d + cost * q.a
+  v[1], v[2] = q.c - after, at
+  return true, math.max(at + ceil_div(after, q.b), now) + 1000
+end
+
 -- The whole charge of a policy of this quota alone, with no intermediate
 -- tables: the same read, decision, reply and writes as read/fits/reply/write
 -- above and lua/charge.lua's charge_one (see fixed_window.alone).
