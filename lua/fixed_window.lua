@@ -11,19 +11,17 @@
 --                                expiry and whether it may have moved (else
 --                                the key's PEXPIREAT is already right)
 --   refund(q, v, id, now, cost, set)
--- and may define step(q, v, now, cost, out), one request's decision on a
--- lone quota's own fields v[1..] (see fixed_window.step below; a run of
--- requests for one key steps through them, lua/charge.lua's charge_run), and
--- alone(q, hash, now, cost, out, cost_arg): the whole charge of a policy of
--- that one quota, faster (see lua/charge.lua; cost_arg is the cost as sent,
--- a decimal string).
+-- and may define step(q, v, now, cost, out): one request's decision for a
+-- policy of that one quota, on its own fields v[1..], faster (see
+-- fixed_window.step below and lua/charge.lua), with `count`, the index of
+-- the field a charge alone changes when step returns no expiry.
 --
 -- Quota arguments: q.a = limit, q.b = window (ms).
 -- Hash fields: <prefix>c = units charged in the window, <prefix>r = the
 -- window's stored reset (Unix ms). A window whose reset has passed is
 -- discarded, whatever TTL the key still has (replicas, clock skew).
 -- Reply block: {count, reset} as read, a stale window replaced by a fresh one.
-local fixed_window = {suffixes = {'c', 'r'}}
+local fixed_window = {suffixes = {'c', 'r'}, count = 1}
 
 function fixed_window.read(q, v, now)
   local c, r = tonumber(v[q.first]), tonumber(v[q.first + 1])
@@ -57,45 +55,15 @@ function fixed_window.write(q, st, cost, now, set)
   return st.r, st.fresh
 end
 
--- The whole charge of a policy of this quota alone (the common case), with
--- no intermediate tables: the same read, decision, reply and writes as
--- read/fits/reply/write above and lua/charge.lua's charge_one. Appends the
--- request's reply (its length, allowed, now, count, reset) to `out`.
-function fixed_window.alone(q, hash, now, cost, out, cost_arg)
-  local v = redis.call('HMGET', hash, q.f.c, q.f.r)
-  local c, r = tonumber(v[1]), tonumber(v[2])
-  local fresh = c == nil or r == nil or r <= now
-  if fresh then
-    c, r = 0, now + q.b
-  end
-  local allowed = cost <= q.a and c + cost <= q.a
-  local n = #out
-  out[n + 1] = 4
-  out[n + 2] = allowed and 1 or 0
-  out[n + 3] = now
-  out[n + 4] = c
-  out[n + 5] = r
-  if allowed then
-    if fresh then
-      redis.call('HSET', hash, q.f.c, c + cost, q.f.r, r)
-      redis.call('PEXPIREAT', hash, r + 1000)
-    else
-      -- The same write as HSET c + cost, without turning a Lua number back
-      -- into a string (snprintf): the stored count is an integer we wrote.
-      redis.call('HINCRBY', hash, q.f.c, cost_arg)
-    end
-  end
-end
-
--- A run of requests for one key under a policy of this quota alone (see
--- lua/charge.lua's charge_run; each algorithm's step is the same decision as
--- its alone, kept apart because a Lua call per request would cost a lone
--- charge about 2%: the runs and property tests pin both to read/fits/reply/
--- write): `v` holds the count and reset as stored,
--- and each request is decided on them as the one before it left them, with
--- no table per request. Appends the request's reply to `out` and returns
--- whether it wrote: the count (v[1]) changed, and, if it opened a window,
--- the key's new expiry (the reset, v[2], changed too; else nil).
+-- One request's decision for a policy of this quota alone (see
+-- lua/charge.lua: a lone request, or each request of a run for one key), on
+-- `v`, the count and reset as stored (HMGET values, or numbers the run left
+-- there), with no table per request: the same read, decision, reply and
+-- writes as read/fits/reply/write above. Appends the request's reply (its
+-- length, allowed, now, count, reset) to `out`, and if admitted leaves the
+-- new count in v[1] (and a new window's reset in v[2]). Returns whether it
+-- was admitted and, if it opened a window (every field changed), the key's
+-- new expiry; else only the count (field `count`) changed.
 function fixed_window.step(q, v, now, cost, out)
   local c, r = tonumber(v[1]), tonumber(v[2])
   local fresh = c == nil or r == nil or r <= now

@@ -74,33 +74,6 @@ function gcra.step(q, v, now, cost, out)
   return true, math.max(at + (af > 0 and 1 or 0), now) + 1000
 end
 
--- The whole charge of a policy of this quota alone, with no intermediate
--- tables: the same read, decision, reply and writes as read/fits/reply/write
--- above and lua/charge.lua's charge_one (see fixed_window.alone).
-function gcra.alone(q, hash, now, cost, out)
-  local v = redis.call('HMGET', hash, q.f.t, q.f.f)
-  local tat, f = tonumber(v[1]), tonumber(v[2])
-  if tat == nil or f == nil then
-    tat = now
-    f = 0
-  end
-  local d = gcra_backlog(q, tat, f, now)
-  local allowed = rate_fits(q, d, cost)
-  local n = #out
-  out[n + 1] = 4
-  out[n + 2] = allowed and 1 or 0
-  out[n + 3] = now
-  out[n + 4] = tat
-  out[n + 5] = f
-  if allowed then
-    local after = d + cost * q.a
-    local af = math.fmod(after, q.b)
-    local at = now + (after - af) / q.b
-    redis.call('HSET', hash, q.f.t, at, q.f.f, af)
-    redis.call('PEXPIREAT', hash, math.max(at + (af > 0 and 1 or 0), now) + 1000)
-  end
-end
-
 -- Only while the charge is the latest (the TAT is still the one it made):
 -- one timestamp cannot tell when later charges happened.
 function gcra.refund(q, v, id, now, cost, set)

@@ -8,7 +8,7 @@
 -- window, Unix ms), <prefix>c = units in it, <prefix>p = units in the one before.
 -- Reply block: {start, current, previous} as stored ({window start, 0, 0}
 -- when absent).
-local sliding_window = {suffixes = {'s', 'c', 'p'}}
+local sliding_window = {suffixes = {'s', 'c', 'p'}, count = 2}
 
 -- The window at `now` from the stored start, current and previous counts
 -- (nil = absent): those as stored (a fresh window's when absent), then as
@@ -82,32 +82,6 @@ function sliding_window.step(q, v, now, cost, out)
     return true, math.max(s + 2 * q.b, now) + 1000
   end
   return true
-end
-
--- The whole charge of a policy of this quota alone, with no intermediate
--- tables: the same read, decision, reply and writes as read/fits/reply/write
--- above and lua/charge.lua's charge_one (see fixed_window.alone).
-function sliding_window.alone(q, hash, now, cost, out, cost_arg)
-  local v = redis.call('HMGET', hash, q.f.s, q.f.c, q.f.p)
-  local rs, rc, rp, s, c, p, fresh, used =
-    sw_roll(q, tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), now)
-  local allowed = cost <= q.a and used + cost * q.b <= q.a * q.b
-  local n = #out
-  out[n + 1] = 5
-  out[n + 2] = allowed and 1 or 0
-  out[n + 3] = now
-  out[n + 4] = rs
-  out[n + 5] = rc
-  out[n + 6] = rp
-  if allowed then
-    if fresh then
-      redis.call('HSET', hash, q.f.s, s, q.f.c, c + cost, q.f.p, p)
-      redis.call('PEXPIREAT', hash, math.max(s + 2 * q.b, now) + 1000)
-    else
-      -- HSET c + cost without formatting a Lua number (see fixed_window.alone).
-      redis.call('HINCRBY', hash, q.f.c, cost_arg)
-    end
-  end
 end
 
 -- Takes the cost back from the window charged (its start is `id`): the

@@ -68,31 +68,6 @@ function token_bucket.step(q, v, now, cost, out)
   return true, math.max(at + ceil_div(after, q.b), now) + 1000
 end
 
--- The whole charge of a policy of this quota alone, with no intermediate
--- tables: the same read, decision, reply and writes as read/fits/reply/write
--- above and lua/charge.lua's charge_one (see fixed_window.alone).
-function token_bucket.alone(q, hash, now, cost, out)
-  local v = redis.call('HMGET', hash, q.f.l, q.f.t)
-  local l, t = tonumber(v[1]), tonumber(v[2])
-  if l == nil or t == nil then
-    l = q.c
-    t = now
-  end
-  local at, d = tb_backlog(q, l, t, now)
-  local allowed = rate_fits(q, d, cost)
-  local n = #out
-  out[n + 1] = 4
-  out[n + 2] = allowed and 1 or 0
-  out[n + 3] = now
-  out[n + 4] = l
-  out[n + 5] = t
-  if allowed then
-    local after = d + cost * q.a
-    redis.call('HSET', hash, q.f.l, q.c - after, q.f.t, at)
-    redis.call('PEXPIREAT', hash, math.max(at + ceil_div(after, q.b), now) + 1000)
-  end
-end
-
 -- Gives back the part of the charge not refilled yet, only while that charge
 -- is the bucket's last change (it would still be full again at `id`).
 function token_bucket.refund(q, v, id, now, cost, set)

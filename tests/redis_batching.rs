@@ -717,6 +717,24 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
         assert_eq!(fields(&a), fields(&b), "client {k}'s fields");
         let mut expiry = |name: &str| conn.cmd(&["PEXPIRETIME", name]).unwrap().as_int();
         assert_eq!(expiry(&a), expiry(&b), "client {k}'s expiry");
+        // A lone quota's key expires one second after the state its last
+        // admitted charge left expires, as the algorithm in src/algorithm/
+        // computes it (the status's window id: a fixed window's reset, a
+        // bucket's or GCRA's "full again", a sliding window's start).
+        let last = requests
+            .iter()
+            .zip(&from_redis)
+            .filter(|((c, ..), d)| *c == k && d.is_allowed())
+            .last();
+        if let Some(((_, policy @ 0..=3, ..), d)) = last {
+            let id = d.statuses()[0].window_id;
+            let state_expiry = if *policy == 3 { id + 2 * 60_000 } else { id };
+            assert_eq!(
+                expiry(&a),
+                i64::try_from(state_expiry + 1000).unwrap(),
+                "client {k}'s expiry against its state's"
+            );
+        }
     }
 }
 
