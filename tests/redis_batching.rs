@@ -24,6 +24,45 @@ fn fixed(limit: u64) -> Policy {
     Policy::new(Quota::new(limit, Duration::from_secs(60)).unwrap())
 }
 
+/// One quota of `alg`, `limit` a minute.
+fn lone(alg: Algorithm, limit: u64) -> Policy {
+    let q = Quota::new(limit, Duration::from_secs(60))
+        .unwrap()
+        .with_algorithm(alg)
+        .unwrap();
+    Policy::new(q)
+}
+
+/// One request of a scripted sequence: (client, policy, ms after the
+/// sequence's start, cost).
+type Request = (usize, usize, u64, u64);
+
+/// The clients, policies and start of a scripted sequence of requests.
+struct Sequence<'a> {
+    keys: &'a [Key],
+    policies: &'a [Policy],
+    now: u64,
+}
+
+impl Sequence<'_> {
+    /// Charges request `r` of the sequence on `store`, in `ns`.
+    fn charge(
+        &self,
+        ns: &Namespace,
+        store: &dyn Store,
+        &(k, p, t, cost): &Request,
+    ) -> StoreFuture<Result<Decision, StoreError>> {
+        store.charge(&Charge {
+            namespace: ns,
+            key: &self.keys[k],
+            policy: &self.policies[p],
+            cost,
+            now_ms: self.now + t,
+            timeout: Duration::from_secs(5),
+        })
+    }
+}
+
 /// A token bucket (burst 5) and a sliding log (6 a minute): two Redis keys per client.
 fn mixed() -> Policy {
     let tb = Quota::new(1, Duration::from_secs(60))
@@ -216,13 +255,6 @@ async fn a_batch_of_different_times_costs_and_policies_decides_as_the_memory_sto
     // algorithm and a window share that state, which only the fixed window's
     // plain count survives unchanged (see the closing notes of issue 8).
     let keys: Vec<Key> = (0..24).map(|i| Key::new(format!("k{i}"))).collect();
-    let lone = |alg, limit| {
-        let q = Quota::new(limit, Duration::from_secs(60))
-            .unwrap()
-            .with_algorithm(alg)
-            .unwrap();
-        Policy::new(q)
-    };
     let policies = [
         fixed(9),
         mixed(),
@@ -244,16 +276,12 @@ async fn a_batch_of_different_times_costs_and_policies_decides_as_the_memory_sto
     // A sliding window two windows on: nothing of the old window weighs.
     requests.extend([(5, 5, 181_003, 1), (5, 5, 181_003, 2)]);
     let warm_ns = Namespace::new("varied-warm");
-    let charge_in = |ns, store: &dyn Store, &(k, p, t, cost): &(usize, usize, u64, u64)| {
-        store.charge(&Charge {
-            namespace: ns,
-            key: &keys[k],
-            policy: &policies[p],
-            cost,
-            now_ms: now + t,
-            timeout: Duration::from_secs(5),
-        })
+    let seq = Sequence {
+        keys: &keys,
+        policies: &policies,
+        now,
     };
+    let charge_in = |ns, store: &dyn Store, r: &Request| seq.charge(ns, store, r);
 
     let charge_at = |store: &dyn Store, r| charge_in(&ns, store, r);
     // The script for this set of algorithms loaded.
@@ -611,13 +639,6 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
     let Some((server, store, now)) = started().await else {
         return;
     };
-    let lone = |alg, limit| {
-        let q = Quota::new(limit, Duration::from_secs(60))
-            .unwrap()
-            .with_algorithm(alg)
-            .unwrap();
-        Policy::new(q)
-    };
     let two = {
         let burst = Quota::new(2, Duration::from_secs(1))
             .unwrap()
@@ -655,16 +676,12 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
         t += 7;
     }
     let keys: Vec<Key> = (0..30).map(|i| Key::new(format!("c{i}"))).collect();
-    let charge_in = |ns, store: &dyn Store, &(k, p, t, cost): &(usize, usize, u64, u64)| {
-        store.charge(&Charge {
-            namespace: ns,
-            key: &keys[k],
-            policy: &policies[p],
-            cost,
-            now_ms: now + t,
-            timeout: Duration::from_secs(5),
-        })
+    let seq = Sequence {
+        keys: &keys,
+        policies: &policies,
+        now,
     };
+    let charge_in = |ns, store: &dyn Store, r: &Request| seq.charge(ns, store, r);
     let (batched, single) = (Namespace::new("runs"), Namespace::new("one-by-one"));
     // The script for this set of algorithms loaded.
     let warm = Namespace::new("runs-warm");
@@ -724,8 +741,7 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
         let last = requests
             .iter()
             .zip(&from_redis)
-            .filter(|((c, ..), d)| *c == k && d.is_allowed())
-            .last();
+            .rfind(|((c, ..), d)| *c == k && d.is_allowed());
         if let Some(((_, policy @ 0..=3, ..), d)) = last {
             let id = d.statuses()[0].window_id;
             let state_expiry = if *policy == 3 { id + 2 * 60_000 } else { id };

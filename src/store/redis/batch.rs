@@ -38,7 +38,7 @@ use super::connection::{Call, Lanes};
 use super::keys::HashKey;
 use super::reply::{self, Args, Resp};
 use super::scripts;
-use super::wire::{response_error, Parked, Reply, Wire};
+use super::wire::{io_error, response_error, Parked, Reply, Wire};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::quota::Policy;
@@ -384,6 +384,17 @@ impl Batch {
         }
     }
 
+    /// Takes out, in place and in order, the requests whose callers gave up
+    /// since the batch was taken.
+    fn drop_abandoned(&mut self) {
+        let open: SmallVec<[bool; MAX_BATCH]> =
+            self.senders.iter().map(|tx| !tx.is_closed()).collect();
+        let mut keep = open.iter().copied();
+        self.jobs.retain(|_| keep.next().unwrap_or(true));
+        let mut keep = open.iter().copied();
+        self.senders.retain(|_| keep.next().unwrap_or(true));
+    }
+
     /// Hands each request its answer, or all of them the whole batch's
     /// error, and empties the batch (keeping its room for the next).
     fn deliver(&mut self, replies: Result<impl Iterator<Item = JobReply>, StoreError>) {
@@ -395,19 +406,6 @@ impl Batch {
                 self.jobs.clear();
             }
             Err(e) => self.fail(&e),
-        }
-    }
-
-    /// Takes out the requests whose callers gave up.
-    fn drop_abandoned(&mut self) {
-        let mut i = 0;
-        while i < self.senders.len() {
-            if self.senders[i].is_closed() {
-                self.senders.swap_remove(i);
-                self.jobs.swap_remove(i);
-            } else {
-                i += 1;
-            }
         }
     }
 
@@ -531,9 +529,7 @@ async fn run_wire(mut running: Running) {
                 }
                 in_flight.push_back(sent);
                 if let Err(e) = w.flush() {
-                    fail_all(&mut in_flight, &mut spare, &e);
-                    wire = None;
-                    lanes.discard(lane);
+                    give_up(&lanes, lane, &mut wire, &mut in_flight, &mut spare, &e);
                 }
                 continue;
             }
@@ -548,14 +544,10 @@ async fn run_wire(mut running: Running) {
         let pending = w.pending();
         let step = tokio::select! {
             biased;
-            r = w.stream.readable() => match r {
-                Ok(()) => reply.read(w, &mut in_flight, &mut spare, endpoint.response_timeout),
-                Err(e) => Err(StoreError::Unavailable(format!("redis connection failed: {e}"))),
-            },
-            r = w.stream.writable(), if pending => match r {
-                Ok(()) => w.flush(),
-                Err(e) => Err(StoreError::Unavailable(format!("redis connection failed: {e}"))),
-            },
+            r = w.stream.readable() => r.map_err(io_error).and_then(|()| {
+                reply.read(w, &mut in_flight, &mut spare, endpoint.response_timeout)
+            }),
+            r = w.stream.writable(), if pending => r.map_err(io_error).and_then(|()| w.flush()),
             () = &mut timer => Err(StoreError::Unavailable(format!(
                 "redis timed out: no reply within {:?}",
                 endpoint.response_timeout
@@ -574,23 +566,28 @@ async fn run_wire(mut running: Running) {
                     }
                 }
             }
-            Err(e) => {
-                fail_all(&mut in_flight, &mut spare, &e);
-                wire = None;
-                // The lane's redis-rs connection is made (and the server
-                // vetted) again with the next socket.
-                lanes.discard(lane);
-            }
+            Err(e) => give_up(&lanes, lane, &mut wire, &mut in_flight, &mut spare, &e),
         }
     }
 }
 
-/// Answers every batch in flight with `e` (their connection is given up).
-fn fail_all(in_flight: &mut VecDeque<Sent>, spare: &mut Vec<Batch>, e: &StoreError) {
+/// Gives lane `lane`'s socket up after `e`: every batch in flight fails
+/// with it, and the lane's redis-rs connection is made (and the server
+/// vetted) again with the next socket.
+fn give_up(
+    lanes: &Lanes,
+    lane: usize,
+    wire: &mut Option<Wire>,
+    in_flight: &mut VecDeque<Sent>,
+    spare: &mut Vec<Batch>,
+    e: &StoreError,
+) {
     for mut sent in in_flight.drain(..) {
         sent.batch.fail(e);
         spare.push(sent.batch);
     }
+    *wire = None;
+    lanes.discard(lane);
 }
 
 /// The `READONLY` error among `answers`, if any: the connection reaches a
@@ -627,19 +624,7 @@ impl Reading {
             let mut sent = in_flight
                 .pop_front()
                 .ok_or_else(|| StoreError::Protocol("redis replied to no call".into()))?;
-            match reply {
-                Reply::Values => {
-                    let answers = &mut self.answers;
-                    let r = answers_into(&self.values, &sent.batch.jobs, answers);
-                    let demoted = readonly(answers);
-                    sent.batch.deliver(r.map(|()| answers.drain(..)));
-                    if let Some(e) = demoted {
-                        // A demoted primary (the script's write met
-                        // READONLY): every later batch would fail too.
-                        spare.push(sent.batch);
-                        return Err(e);
-                    }
-                }
+            let answered = match reply {
                 Reply::Error(m) if !sent.source && m.starts_with("NOSCRIPT") => {
                     encode(&sent.batch.jobs, true, w.out());
                     in_flight.push_back(Sent {
@@ -650,17 +635,21 @@ impl Reading {
                     w.flush()?;
                     continue;
                 }
-                Reply::Error(m) => {
-                    let e = response_error(m);
-                    sent.batch.fail(&e);
-                    if e.kind() == "readonly" {
-                        // A demoted primary: every later batch would fail too.
-                        spare.push(sent.batch);
-                        return Err(e);
-                    }
-                }
-            }
+                Reply::Error(m) => Err(response_error(m)),
+                Reply::Values => answers_into(&self.values, &sent.batch.jobs, &mut self.answers),
+            };
+            // READONLY, for the call or (the script's write met it) for a
+            // request: a demoted primary, where every later batch fails too.
+            let demoted = match &answered {
+                Ok(()) => readonly(&self.answers),
+                Err(e) => Some(e.clone()).filter(|e| e.kind() == "readonly"),
+            };
+            let answers = &mut self.answers;
+            sent.batch.deliver(answered.map(|()| answers.drain(..)));
             spare.push(sent.batch);
+            if let Some(e) = demoted {
+                return Err(e);
+            }
         }
         Ok(())
     }

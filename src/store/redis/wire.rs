@@ -257,7 +257,8 @@ fn closed() -> StoreError {
     StoreError::Unavailable("redis connection failed: closed by the server".into())
 }
 
-fn io_error(e: io::Error) -> StoreError {
+/// The store error for a failed socket operation.
+pub(crate) fn io_error(e: io::Error) -> StoreError {
     StoreError::Unavailable(format!("redis connection failed: {e}"))
 }
 
