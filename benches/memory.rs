@@ -211,7 +211,8 @@ fn two_threads(iters: u64, f: impl Fn() -> bool + Send + Clone + 'static) -> Dur
     t.elapsed()
 }
 
-/// A ready inner service: what the layer's own cost is measured against.
+/// A ready inner service answering with one header: what the layer's own
+/// cost is measured against.
 #[derive(Clone)]
 struct Noop;
 
@@ -224,7 +225,14 @@ impl<B> Service<Request<B>> for Noop {
         Poll::Ready(Ok(()))
     }
     fn call(&mut self, _: Request<B>) -> Self::Future {
-        std::future::ready(Ok(Response::new(axum::body::Body::empty())))
+        // Headed as axum's hello world is (`&'static str`): the headers the
+        // layer adds join a map that already exists, as they do in an app.
+        let mut res = Response::new(axum::body::Body::empty());
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        std::future::ready(Ok(res))
     }
 }
 

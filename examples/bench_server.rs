@@ -5,7 +5,9 @@
 //! ```
 //!
 //! Variants: `none` (no limiter), `governor` (tower_governor, in-memory, per
-//! peer IP, no rate-limit headers on allowed responses), `memory` and `redis`
+//! peer IP, no rate-limit headers on allowed responses), `governor-headers`
+//! (tower_governor with `use_headers()`: `x-ratelimit-limit` and
+//! `-remaining` on every response), `memory` and `redis`
 //! (this crate, per peer IP, GitHub-style headers on every response),
 //! `memory-bare` (this crate without headers, as tower_governor), and two
 //! hand-written baselines, axum `from_fn` middlewares that send one `EVALSHA`
@@ -24,9 +26,12 @@ use axum::routing::get;
 use axum::Router;
 use clap::{Parser, ValueEnum};
 use deadpool_redis::redis::Script;
+use governor::middleware::NoOpMiddleware;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::PeerIpKeyExtractor;
 use tower_ratelimit::key::PeerIp;
 use tower_ratelimit::store::RedisStore;
 use tower_ratelimit::{DenyCache, HeaderStyle, Quota, RateLimitLayer};
@@ -35,6 +40,8 @@ use tower_ratelimit::{DenyCache, HeaderStyle, Quota, RateLimitLayer};
 enum Variant {
     None,
     Governor,
+    /// tower_governor with `use_headers()`: two rate-limit headers on every response.
+    GovernorHeaders,
     Memory,
     /// `memory` without rate-limit headers (as tower_governor by default).
     MemoryBare,
@@ -91,15 +98,17 @@ async fn serve(args: Args) {
     let quota = Quota::new(args.limit, window).expect("valid --limit and --window-secs");
     let app = match args.variant {
         Variant::None => app,
-        Variant::Governor => {
-            let per_ns = (window.as_nanos() / u128::from(args.limit)).max(1) as u64;
-            let config = tower_governor::governor::GovernorConfigBuilder::default()
-                .per_nanosecond(per_ns)
-                .burst_size(args.limit.min(u64::from(u32::MAX)) as u32)
+        Variant::Governor => app.layer(tower_governor::GovernorLayer::new(
+            governor(args.limit, window)
                 .finish()
-                .expect("governor config");
-            app.layer(tower_governor::GovernorLayer::new(config))
-        }
+                .expect("governor config"),
+        )),
+        Variant::GovernorHeaders => app.layer(tower_governor::GovernorLayer::new(
+            governor(args.limit, window)
+                .use_headers()
+                .finish()
+                .expect("governor config"),
+        )),
         Variant::Memory => app.layer(
             RateLimitLayer::builder()
                 .quota(quota)
@@ -189,6 +198,19 @@ async fn serve(args: Args) {
     })
     .await
     .expect("serve");
+}
+
+/// tower_governor's configuration for `limit` per `window` per peer IP.
+fn governor(
+    limit: u64,
+    window: Duration,
+) -> GovernorConfigBuilder<PeerIpKeyExtractor, NoOpMiddleware> {
+    let per_ns = (window.as_nanos() / u128::from(limit)).max(1) as u64;
+    let mut config = GovernorConfigBuilder::default();
+    config
+        .per_nanosecond(per_ns)
+        .burst_size(limit.min(u64::from(u32::MAX)) as u32);
+    config
 }
 
 /// The hand-written baselines: what a team writes in an afternoon, with a

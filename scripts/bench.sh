@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end benchmark (issue 8): the axum hello world with no limiter, with
-# tower_governor, with this crate on memory and on Redis, and with two
+# tower_governor (without and with its rate-limit headers), with this crate
+# on memory (with and without headers) and on Redis, and with two
 # hand-written Redis limiters (one EVALSHA per request on a shared multiplexed
 # connection; on a connection checked out of a deadpool pool), side by side,
 # interleaved over rounds.
@@ -26,7 +27,7 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
 FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
-VARIANTS=${VARIANTS:-"none governor memory memory-bare redis multiplexed naive"}
+VARIANTS=${VARIANTS:-"none governor governor-headers memory memory-bare redis multiplexed naive"}
 APP_CPU=${APP_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 
@@ -192,8 +193,9 @@ for line in open(path):
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
 med = lambda xs: st.median(xs)
-order = [v for v in ["none", "governor", "memory", "memory-bare", "redis", "multiplexed", "naive"] if v in sat]
-names = {"none": "no limiter", "governor": "tower_governor 0.8 (memory)", "memory": "tower-ratelimit, memory",
+order = [v for v in ["none", "governor", "governor-headers", "memory", "memory-bare", "redis", "multiplexed", "naive"] if v in sat]
+names = {"none": "no limiter", "governor": "tower_governor 0.8 (memory)",
+         "governor-headers": "tower_governor 0.8, use_headers() (2 headers)", "memory": "tower-ratelimit, memory",
          "memory-bare": "tower-ratelimit, memory, no headers",
          "redis": "tower-ratelimit, Redis",
          "multiplexed": "one shared multiplexed connection + EVALSHA per request",

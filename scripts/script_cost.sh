@@ -26,11 +26,9 @@ set -euo pipefail
 shopt -s inherit_errexit # a failing step inside $(...) stops the script too
 
 cd "$(dirname "$0")/.."
-REV=${1:-HEAD}
-git rev-parse --verify --quiet "$REV^{commit}" >/dev/null || {
-  echo "script_cost.sh: no revision $REV" >&2
-  exit 2
-}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+REV=$(revision "${1:-}")
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need valgrind || ! need redis-server || ! need redis-benchmark; then
@@ -46,9 +44,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-
-# shellcheck source=scripts/lib.sh
-. scripts/lib.sh
 
 # lua FILE from the working tree (TREE=.) or from revision TREE.
 lua() {

@@ -80,18 +80,26 @@ pub(crate) fn apply(
 }
 
 fn github(s: &QuotaStatus, headers: &mut HeaderMap) {
+    let [remaining, used] = numbers([s.remaining, s.used()]);
+    headers.reserve(4);
+    let limit = repeating(Repeats::Limit, s.limit);
+    let earlier_limit = headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
     // Stacked limiters (a rate limit around a concurrency limit, a global one
     // around a per-route one): these headers describe one limit, so the most
     // restrictive wins, and an inner limiter's rejection keeps its own numbers.
-    if remaining_already_reported(headers).is_some_and(|r| r <= s.remaining) {
-        return;
+    // Each insert returns what was there: one lookup a header, not two.
+    if let Some(earlier) = headers.insert(X_RATELIMIT_REMAINING.clone(), remaining) {
+        if reported_remaining(&earlier).is_some_and(|r| r <= s.remaining) {
+            headers.insert(X_RATELIMIT_REMAINING.clone(), earlier);
+            match earlier_limit {
+                Some(l) => headers.insert(X_RATELIMIT_LIMIT.clone(), l),
+                None => headers.remove(&X_RATELIMIT_LIMIT),
+            };
+            return;
+        }
     }
     // Rounded up: the stored reset (ms) maps to one value for the whole window.
-    let [limit, remaining, reset, used] =
-        numbers([s.limit, s.remaining, ceil_secs(s.reset_ms), s.used()]);
-    headers.reserve(4);
-    headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-    headers.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+    let reset = repeating(Repeats::Reset, ceil_secs(s.reset_ms));
     headers.insert(X_RATELIMIT_RESET.clone(), reset);
     headers.insert(X_RATELIMIT_USED.clone(), used);
 }
@@ -241,13 +249,35 @@ pub(crate) fn push_number(out: &mut String, n: u64) {
     }
 }
 
-fn remaining_already_reported(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(&X_RATELIMIT_REMAINING)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
+fn reported_remaining(value: &HeaderValue) -> Option<u64> {
+    value.to_str().ok()?.parse().ok()
+}
+
+/// Which repeating number a [`repeating`] cache slot holds.
+#[derive(Clone, Copy)]
+enum Repeats {
+    Limit,
+    Reset,
+}
+
+/// `n` as a header value, for numbers that repeat from one response to the
+/// next (a quota's limit; a window's reset, the same for every request in
+/// it): each thread keeps the last value of each kind, so a repeat is a
+/// reference-count increment instead of formatting, checking and allocating
+/// it again. Numbers below [`SMALL`] come from the static table as ever.
+fn repeating(kind: Repeats, n: u64) -> HeaderValue {
+    use std::cell::RefCell;
+    thread_local! {
+        static LAST: RefCell<[Option<(u64, HeaderValue)>; 2]> =
+            const { RefCell::new([None, None]) };
+    }
+    if n < SMALL {
+        return number(n);
+    }
+    LAST.with_borrow_mut(|last| match &mut last[kind as usize] {
+        Some((m, v)) if *m == n => v.clone(),
+        slot => slot.insert((n, number(n))).1.clone(),
+    })
 }
 
 /// Adds members to a structured-field list header: a response can report
@@ -370,12 +400,72 @@ mod tests {
             r#""concurrency";q=5;qu="concurrent-requests", "1m";q=60;w=60"#
         );
         assert_eq!(h[&RATELIMIT], r#""concurrency";r=0, "1m";r=42;t=60"#);
+        // An inner report of remaining alone keeps it alone.
+        let mut h = HeaderMap::new();
+        h.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(3));
+        apply(HeaderStyle::GitHub, &policy, &d, 1_000, &mut h);
+        assert_eq!(h[&X_RATELIMIT_REMAINING], "3");
+        assert_eq!(h.len(), 1, "{h:?}");
         // A less restrictive inner report is replaced by this one.
         let mut h = HeaderMap::new();
         h.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(50));
         apply(HeaderStyle::GitHub, &policy, &d, 1_000, &mut h);
         assert_eq!(h[&X_RATELIMIT_REMAINING], "42");
         assert_eq!(h[&X_RATELIMIT_LIMIT], "60");
+    }
+
+    #[test]
+    fn repeating_numbers_share_one_value_per_kind_until_the_number_changes() {
+        let ptr = |v: &HeaderValue| v.as_bytes().as_ptr();
+        let (limit, reset) = (1_000_000_000, 1_796_044_500);
+        let a = repeating(Repeats::Limit, limit);
+        let b = repeating(Repeats::Reset, reset);
+        let (a2, b2) = (
+            repeating(Repeats::Limit, limit),
+            repeating(Repeats::Reset, reset),
+        );
+        assert_eq!((&a, &b), (&a2, &b2));
+        assert_eq!(
+            (ptr(&a), ptr(&b)),
+            (ptr(&a2), ptr(&b2)),
+            "repeats are clones"
+        );
+        let c = repeating(Repeats::Reset, reset + 60);
+        assert_eq!(c, (reset + 60).to_string().as_str());
+        assert_ne!(ptr(&c), ptr(&b));
+        assert_eq!(repeating(Repeats::Limit, limit), "1000000000");
+        assert_eq!(repeating(Repeats::Limit, 7), "7");
+        // Every thread has its own.
+        let other = std::thread::spawn(move || repeating(Repeats::Limit, limit))
+            .join()
+            .unwrap();
+        assert_eq!(other, a);
+        assert_ne!(ptr(&other), ptr(&a));
+    }
+
+    #[test]
+    fn github_headers_keep_their_order_limit_remaining_reset_used() {
+        let policy = Policy::new(Quota::new(100_000, Duration::from_secs(60)).unwrap());
+        let d = Decision::from_statuses([status(100_000, 99_990, 61_000, true, 0)], 1);
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain"),
+        );
+        apply(HeaderStyle::GitHub, &policy, &d, 1_000, &mut h);
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset",
+                "x-ratelimit-used"
+            ]
+        );
+        let values: Vec<&[u8]> = h.values().map(|v| v.as_bytes()).collect();
+        assert_eq!(values[1..], [&b"100000"[..], b"99990", b"61", b"10"]);
     }
 
     #[test]
