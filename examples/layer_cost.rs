@@ -8,7 +8,8 @@
 //! cargo run --release --example layer_cost -- github 1000000000 10000
 //! ```
 //!
-//! Arguments: the header style (`github`, `ietf`, `both` or `none`), the
+//! Arguments: the header style (`github`, `ietf`, `both` or `none`; `off`
+//! runs the service without the layer, the baseline), the
 //! quota's limit per hour (the default of `scripts/bench.sh`, 10⁹, renders
 //! every number in full; below 10 000 they come from a static table), and `N`.
 
@@ -48,6 +49,12 @@ impl<B> Service<Request<B>> for HelloWorld {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [off, _, n] = args.as_slice() {
+        if let ("off", Ok(n)) = (off.as_str(), n.parse()) {
+            println!("{}", send(HelloWorld, n));
+            return ExitCode::SUCCESS;
+        }
+    }
     let parsed = match args.as_slice() {
         [style, limit, n] => style_of(style)
             .zip(limit.parse::<u64>().ok())
@@ -55,7 +62,7 @@ fn main() -> ExitCode {
         _ => None,
     };
     let Some(((style, limit), n)) = parsed else {
-        eprintln!("usage: layer_cost github|ietf|both|none LIMIT_PER_HOUR REQUESTS");
+        eprintln!("usage: layer_cost github|ietf|both|none|off LIMIT_PER_HOUR REQUESTS");
         return ExitCode::from(2);
     };
     let quota = match Quota::new(limit, Duration::from_secs(3600)) {
@@ -71,20 +78,27 @@ fn main() -> ExitCode {
         .headers(style)
         .build()
         .expect("a memory layer with one quota builds");
-    let mut svc = layer.layer(HelloWorld);
+    println!("{}", send(layer.layer(HelloWorld), n));
+    ExitCode::SUCCESS
+}
+
+/// Sends `n` requests through `svc`; returns how many headers they carried.
+fn send<S, B>(mut svc: S, n: u64) -> u64
+where
+    S: Service<Request<()>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+{
     let mut cx = Context::from_waker(Waker::noop());
     let mut headers = 0;
     for _ in 0..n {
-        let ready = Service::<Request<()>>::poll_ready(&mut svc, &mut cx);
-        assert!(ready.is_ready(), "the layer over a ready service is ready");
+        assert!(svc.poll_ready(&mut cx).is_ready(), "the service is ready");
         let fut = pin!(svc.call(Request::new(())));
         match fut.poll(&mut cx) {
             Poll::Ready(Ok(res)) => headers += res.headers().len() as u64,
             _ => panic!("the memory store answers at once"),
         }
     }
-    println!("{headers}");
-    ExitCode::SUCCESS
+    headers
 }
 
 fn style_of(s: &str) -> Option<HeaderStyle> {
