@@ -24,19 +24,7 @@ pub(crate) type HashKey = SmallVec<[u8; 80]>;
 
 /// [`redis_key`] as bytes.
 pub(crate) fn hash_key(prefix: &str, namespace: &Namespace, key: &Key) -> HashKey {
-    let mut h = Sha256::new();
-    h.update(namespace.name().as_bytes());
-    h.update([0]);
-    h.update(key.as_bytes());
-    let d = h.finalize();
-    // `:{`, 32 hex digits and `}`, then copied in one piece.
-    let mut tag = [0u8; 35];
-    tag[..2].copy_from_slice(b":{");
-    for (pair, b) in tag[2..34].chunks_exact_mut(2).zip(&d[..16]) {
-        pair[0] = HEX[(b >> 4) as usize];
-        pair[1] = HEX[(b & 15) as usize];
-    }
-    tag[34] = b'}';
+    let tag = hash_tag(namespace, key);
     let mut s = HashKey::new();
     s.extend_from_slice(prefix.as_bytes());
     s.extend_from_slice(namespace.name().as_bytes());
@@ -44,9 +32,56 @@ pub(crate) fn hash_key(prefix: &str, namespace: &Namespace, key: &Key) -> HashKe
     s
 }
 
+/// `:{`, 32 hex digits of SHA-256 over the namespace and the key, and `}`.
+type Tag = [u8; 35];
+
+/// [`Tag`] of `key` in `namespace`. Each thread keeps the last one it made:
+/// a global limit or a busy client (the same key request after request)
+/// pays for SHA-256 once, not on every request.
+fn hash_tag(namespace: &Namespace, key: &Key) -> Tag {
+    use std::cell::Cell;
+    thread_local! {
+        static LAST: Cell<Option<(u64, Key, Tag)>> = const { Cell::new(None) };
+    }
+    let id = namespace.id();
+    if let Some((last_id, last_key, tag)) = LAST.get() {
+        // A namespace's id is its identity throughout the crate (a digest of its name).
+        if last_id == id && last_key == *key {
+            return tag;
+        }
+    }
+    let tag = digest_tag(namespace, key);
+    LAST.set(Some((id, *key, tag)));
+    tag
+}
+
+fn digest_tag(namespace: &Namespace, key: &Key) -> Tag {
+    #[cfg(test)]
+    tests::DIGESTS.set(tests::DIGESTS.get() + 1);
+    let mut h = Sha256::new();
+    h.update(namespace.name().as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    let d = h.finalize();
+    let mut tag = [0u8; 35];
+    tag[..2].copy_from_slice(b":{");
+    for (pair, b) in tag[2..34].chunks_exact_mut(2).zip(&d[..16]) {
+        pair[0] = HEX[(b >> 4) as usize];
+        pair[1] = HEX[(b & 15) as usize];
+    }
+    tag[34] = b'}';
+    tag
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// SHA-256 digests this thread has made.
+        pub(super) static DIGESTS: Cell<u32> = const { Cell::new(0) };
+    }
 
     fn tag(k: &str) -> &str {
         let open = k.find('{').unwrap();
@@ -82,5 +117,36 @@ mod tests {
             redis_key("p:", &a, &Key::new("x")),
             redis_key("p:", &a, &Key::new("x"))
         );
+    }
+
+    #[test]
+    fn the_last_tag_a_thread_made_is_reused_only_for_the_same_namespace_and_key() {
+        let (a, b) = (Namespace::new("a"), Namespace::new("b"));
+        let (x, y) = (Key::new("x"), Key::new("y"));
+        // Alternating and repeating: every answer is the digest's own, and
+        // only a repeat of the previous namespace and key skips the digest.
+        let mut previous = None;
+        for (ns, key) in [
+            (&a, &x),
+            (&a, &x),
+            (&b, &x),
+            (&a, &x),
+            (&a, &y),
+            (&a, &y),
+            (&b, &y),
+        ] {
+            let before = DIGESTS.get();
+            let made = hash_key("p:", ns, key);
+            let digests = DIGESTS.get() - before;
+            let repeat = previous == Some((ns.id(), *key));
+            assert_eq!(digests, u32::from(!repeat), "{} {:?}", ns.name(), key);
+            assert_eq!(
+                &made[..],
+                [b"p:", ns.name().as_bytes(), &digest_tag(ns, key)[..]].concat()
+            );
+            previous = Some((ns.id(), *key));
+        }
+        assert_ne!(hash_tag(&a, &x), hash_tag(&b, &x));
+        assert_ne!(hash_tag(&a, &x), hash_tag(&a, &y));
     }
 }
