@@ -19,8 +19,8 @@
 # throughput (FIXED_FRACTIONS) report the latency each limiter adds when not
 # saturated, and a hammering client
 # (everything rejected) shows Redis commands per rejection with and without
-# the deny cache. Prints one Markdown table of medians, with ratios to the
-# no-limiter baseline of the same run.
+# the deny cache. Prints Markdown tables of medians, with ratios to the
+# no-limiter baseline of the same run, and of each round to its own baseline.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -216,6 +216,15 @@ for v in order:
     print(f"| {names[v]}{note} | {rps:,.0f} | {ratio} | {med([x[1] for x in s]) / 1000:.2f} ms | "
           f"{med([x[2] for x in s]) / 1000:.2f} ms | {med([x[3] for x in s]):.1f} | "
           f"{med([x[4] for x in s]):.2f} | {med([x[5] for x in s]):.1f} |")
+if "none" in sat and len(sat["none"]) > 1:
+    # Each round against that round's no-limiter rate: the host's speed moves
+    # between rounds, so these ratios are steadier than a ratio of medians.
+    print()
+    print("| variant | × no limiter, round by round | median of the rounds |")
+    print("|---|---|---:|")
+    for v in order[1:]:
+        rs = [x[0] / b[0] for x, b in zip(sat[v], sat["none"])]
+        print(f"| {names[v]} | " + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
 rates = sorted(fix, reverse=True)
 if rates:
     print()
