@@ -80,9 +80,8 @@ pub(crate) fn apply(
 }
 
 fn github(s: &QuotaStatus, headers: &mut HeaderMap) {
-    let [remaining, used] = numbers([s.remaining, s.used()]);
+    let [limit, remaining, reset, used] = github_values(s);
     headers.reserve(4);
-    let limit = repeating(Repeats::Limit, s.limit);
     let earlier_limit = headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
     // Stacked limiters (a rate limit around a concurrency limit, a global one
     // around a per-route one): these headers describe one limit, so the most
@@ -98,10 +97,67 @@ fn github(s: &QuotaStatus, headers: &mut HeaderMap) {
             return;
         }
     }
-    // Rounded up: the stored reset (ms) maps to one value for the whole window.
-    let reset = repeating(Repeats::Reset, ceil_secs(s.reset_ms));
     headers.insert(X_RATELIMIT_RESET.clone(), reset);
     headers.insert(X_RATELIMIT_USED.clone(), used);
+}
+
+/// The last limit and reset (whole seconds) this thread sent, with their
+/// header values: both repeat from one response to the next (a quota's
+/// limit; a window's reset, the same for every request in it).
+struct Recent {
+    limit: Option<(u64, HeaderValue)>,
+    reset: Option<(u64, HeaderValue)>,
+}
+
+/// Limit, remaining, reset and used as header values. A limit or reset equal
+/// to the last one this thread sent is a clone of it (a reference count);
+/// whatever else is large is formatted into one shared buffer, as ever, and
+/// a new limit or reset is remembered from it. So a response costs at most
+/// one allocation, and none when the numbers repeat or are small.
+fn github_values(s: &QuotaStatus) -> [HeaderValue; 4] {
+    use std::cell::RefCell;
+    thread_local! {
+        static RECENT: RefCell<Recent> = const {
+            RefCell::new(Recent { limit: None, reset: None })
+        };
+    }
+    // Rounded up: the stored reset (ms) maps to one value for the whole window.
+    let reset = ceil_secs(s.reset_ms);
+    RECENT.with_borrow_mut(|recent| {
+        // A number already at hand is not formatted again.
+        match (&recent.limit, &recent.reset) {
+            (Some((l, limit)), Some((r, reset_value))) if *l == s.limit && *r == reset => {
+                let [remaining, used] = numbers([s.remaining, s.used()]);
+                [limit.clone(), remaining, reset_value.clone(), used]
+            }
+            (Some((l, limit)), _) if *l == s.limit => {
+                let limit = limit.clone();
+                let [remaining, r, used] = numbers([s.remaining, reset, s.used()]);
+                remember(&mut recent.reset, reset, &r);
+                [limit, remaining, r, used]
+            }
+            (_, Some((r, reset_value))) if *r == reset => {
+                let r = reset_value.clone();
+                let [limit, remaining, used] = numbers([s.limit, s.remaining, s.used()]);
+                remember(&mut recent.limit, s.limit, &limit);
+                [limit, remaining, r, used]
+            }
+            _ => {
+                let values = numbers([s.limit, s.remaining, reset, s.used()]);
+                remember(&mut recent.limit, s.limit, &values[0]);
+                remember(&mut recent.reset, reset, &values[2]);
+                values
+            }
+        }
+    })
+}
+
+/// Keeps `value` for `n` in `slot` (a clone is a reference count: large
+/// numbers share a buffer). Small numbers come from the static table anyway.
+fn remember(slot: &mut Option<(u64, HeaderValue)>, n: u64, value: &HeaderValue) {
+    if n >= SMALL {
+        *slot = Some((n, value.clone()));
+    }
 }
 
 fn ietf(policy: &Policy, statuses: &[QuotaStatus], now_ms: u64, headers: &mut HeaderMap) {
@@ -191,12 +247,11 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 
 /// Several numbers as header values: small ones from the static table, the
 /// others formatted into one buffer that their values share (one allocation
-/// for all of them, none when all are small).
+/// for all of them, none when all are small). A shared value's clone is a
+/// reference count, never a copy.
 fn numbers<const N: usize>(ns: [u64; N]) -> [HeaderValue; N] {
     const { assert!(N <= 4, "the buffer holds four u64s") };
-    if ns.iter().filter(|&&n| n >= SMALL).count() <= 1 {
-        // At most one allocation either way; a value of its own needs no
-        // reference count.
+    if ns.iter().all(|&n| n < SMALL) {
         return ns.map(number);
     }
     let mut digits = Digits {
@@ -251,33 +306,6 @@ pub(crate) fn push_number(out: &mut String, n: u64) {
 
 fn reported_remaining(value: &HeaderValue) -> Option<u64> {
     value.to_str().ok()?.parse().ok()
-}
-
-/// Which repeating number a [`repeating`] cache slot holds.
-#[derive(Clone, Copy)]
-enum Repeats {
-    Limit,
-    Reset,
-}
-
-/// `n` as a header value, for numbers that repeat from one response to the
-/// next (a quota's limit; a window's reset, the same for every request in
-/// it): each thread keeps the last value of each kind, so a repeat is a
-/// reference-count increment instead of formatting, checking and allocating
-/// it again. Numbers below [`SMALL`] come from the static table as ever.
-fn repeating(kind: Repeats, n: u64) -> HeaderValue {
-    use std::cell::RefCell;
-    thread_local! {
-        static LAST: RefCell<[Option<(u64, HeaderValue)>; 2]> =
-            const { RefCell::new([None, None]) };
-    }
-    if n < SMALL {
-        return number(n);
-    }
-    LAST.with_borrow_mut(|last| match &mut last[kind as usize] {
-        Some((m, v)) if *m == n => v.clone(),
-        slot => slot.insert((n, number(n))).1.clone(),
-    })
 }
 
 /// Adds members to a structured-field list header: a response can report
@@ -415,32 +443,58 @@ mod tests {
     }
 
     #[test]
-    fn repeating_numbers_share_one_value_per_kind_until_the_number_changes() {
-        let ptr = |v: &HeaderValue| v.as_bytes().as_ptr();
-        let (limit, reset) = (1_000_000_000, 1_796_044_500);
-        let a = repeating(Repeats::Limit, limit);
-        let b = repeating(Repeats::Reset, reset);
-        let (a2, b2) = (
-            repeating(Repeats::Limit, limit),
-            repeating(Repeats::Reset, reset),
-        );
-        assert_eq!((&a, &b), (&a2, &b2));
-        assert_eq!(
-            (ptr(&a), ptr(&b)),
-            (ptr(&a2), ptr(&b2)),
-            "repeats are clones"
-        );
-        let c = repeating(Repeats::Reset, reset + 60);
-        assert_eq!(c, (reset + 60).to_string().as_str());
-        assert_ne!(ptr(&c), ptr(&b));
-        assert_eq!(repeating(Repeats::Limit, limit), "1000000000");
-        assert_eq!(repeating(Repeats::Limit, 7), "7");
-        // Every thread has its own.
-        let other = std::thread::spawn(move || repeating(Repeats::Limit, limit))
-            .join()
-            .unwrap();
-        assert_eq!(other, a);
-        assert_ne!(ptr(&other), ptr(&a));
+    fn a_repeated_limit_and_reset_are_shared_and_the_rest_share_one_buffer() {
+        let ptr = |v: &HeaderValue| v.as_bytes().as_ptr() as usize;
+        let text = |vs: &[HeaderValue; 4]| vs.clone().map(|v| v.to_str().unwrap().to_owned());
+        // Fresh thread: nothing sent yet.
+        std::thread::spawn(move || {
+            let big = status(1_000_000_000, 999_000_000, 1_796_044_500_000, true, 0);
+            let first = github_values(&big);
+            assert_eq!(
+                text(&first),
+                ["1000000000", "999000000", "1796044500", "1000000"]
+            );
+            // Four large numbers, one buffer (at most one allocation a response).
+            let at = first.iter().map(ptr).min().unwrap();
+            assert!(first.iter().all(|v| ptr(v) - at < 80), "{first:?}");
+
+            let next = status(1_000_000_000, 998_999_999, 1_796_044_500_000, true, 0);
+            let second = github_values(&next);
+            assert_eq!(text(&second)[1..], ["998999999", "1796044500", "1000001"]);
+            assert_eq!(ptr(&second[0]), ptr(&first[0]), "the limit is shared");
+            assert_eq!(ptr(&second[2]), ptr(&first[2]), "the reset is shared");
+            assert_ne!(
+                ptr(&second[1]),
+                ptr(&first[1]),
+                "remaining is this response's"
+            );
+
+            // A new window: a new reset, remembered from then on; the limit stays.
+            let later = status(1_000_000_000, 999_999_999, 1_796_044_560_000, true, 0);
+            let third = github_values(&later);
+            assert_eq!(text(&third)[2], "1796044560");
+            assert_ne!(ptr(&third[2]), ptr(&first[2]));
+            assert_eq!(ptr(&third[0]), ptr(&first[0]));
+            assert_eq!(ptr(&github_values(&later)[2]), ptr(&third[2]));
+
+            // Small numbers come from the table and do not displace the large ones.
+            let small = status(60, 42, 1_796_044_560_000, true, 0);
+            assert_eq!(
+                text(&github_values(&small)),
+                ["60", "42", "1796044560", "18"]
+            );
+            assert_eq!(ptr(&github_values(&later)[0]), ptr(&first[0]));
+            first
+        })
+        .join()
+        .map(|first| {
+            // Another thread has its own.
+            let big = status(1_000_000_000, 999_000_000, 1_796_044_500_000, true, 0);
+            let here = github_values(&big);
+            assert_eq!(here, first);
+            assert_ne!(ptr(&here[0]), ptr(&first[0]));
+        })
+        .unwrap();
     }
 
     #[test]
