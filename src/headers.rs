@@ -311,13 +311,21 @@ fn reported_remaining(value: &HeaderValue) -> Option<u64> {
 /// Adds members to a structured-field list header: a response can report
 /// several policies (e.g. an inner concurrency limit and this rate limit).
 pub(crate) fn append_list(headers: &mut HeaderMap, name: &HeaderName, members: String) {
-    let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.is_empty() => format!("{existing}, {members}"),
-        _ => members,
-    };
     // The string's buffer becomes the value's: no copy.
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
-        headers.insert(name.clone(), v);
+    let Ok(ours) = HeaderValue::from_maybe_shared(Bytes::from(members)) else {
+        return;
+    };
+    // One lookup in the usual case: the insert returns what was there.
+    let Some(earlier) = headers.insert(name.clone(), ours) else {
+        return;
+    };
+    if let (Ok(earlier), Some(ours)) = (earlier.to_str(), headers[name].to_str().ok()) {
+        if !earlier.is_empty() {
+            let both = format!("{earlier}, {ours}");
+            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(both)) {
+                headers.insert(name.clone(), v);
+            }
+        }
     }
 }
 
