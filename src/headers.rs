@@ -9,6 +9,7 @@ use crate::decision::{Decision, QuotaStatus};
 use crate::quota::Policy;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use smallvec::SmallVec;
 
 /// `X-RateLimit-Limit`: the binding quota's limit.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -161,35 +162,88 @@ fn remember(slot: &mut Option<(u64, HeaderValue)>, n: u64, value: &HeaderValue) 
 }
 
 fn ietf(policy: &Policy, statuses: &[QuotaStatus], now_ms: u64, headers: &mut HeaderMap) {
-    let mut pol = String::with_capacity(32 * statuses.len());
-    let mut rl = String::with_capacity(32 * statuses.len());
-    for (q, s) in policy.quotas().iter().zip(statuses) {
-        if !pol.is_empty() {
-            pol.push_str(", ");
-            rl.push_str(", ");
-        }
-        let at = pol.len();
-        match q.configured_name() {
-            Some(name) => write_sf_string(&mut pol, name),
-            // A window name (`"1s"`, `"500ms"`) needs no escaping: written in place.
-            None => {
-                pol.push('"');
-                crate::quota::write_window(&mut pol, q.window_ms());
-                pol.push('"');
-            }
-        }
-        rl.push_str(&pol[at..]);
-        pol.push_str(";q=");
-        push_number(&mut pol, s.limit);
-        pol.push_str(";w=");
-        push_number(&mut pol, ceil_secs(q.window_ms()));
-        rl.push_str(";r=");
-        push_number(&mut rl, s.remaining);
-        rl.push_str(";t=");
-        push_number(&mut rl, ceil_secs(s.reset_ms.saturating_sub(now_ms)));
+    use std::cell::RefCell;
+    thread_local! {
+        static LAST: RefCell<Option<PolicyValue>> = const { RefCell::new(None) };
     }
-    append_list(headers, &RATELIMIT_POLICY, pol);
+    let mut rl = String::with_capacity(32 * statuses.len());
+    let pol = LAST.with_borrow_mut(|last| {
+        let last = match last {
+            Some(l) if l.describes(policy, statuses) => l,
+            _ => last.insert(PolicyValue::new(policy, statuses)),
+        };
+        for (i, (name, s)) in last.names().zip(statuses).enumerate() {
+            if i > 0 {
+                rl.push_str(", ");
+            }
+            rl.push_str(name);
+            rl.push_str(";r=");
+            push_number(&mut rl, s.remaining);
+            rl.push_str(";t=");
+            push_number(&mut rl, ceil_secs(s.reset_ms.saturating_sub(now_ms)));
+        }
+        last.value.clone()
+    });
+    append_value(headers, &RATELIMIT_POLICY, pol);
     append_list(headers, &RATELIMIT, rl);
+}
+
+/// A `RateLimit-Policy` value and what it describes. Each thread keeps the
+/// last one it sent: a policy and its limits change rarely, so most
+/// responses clone it (a reference count) instead of writing it again.
+struct PolicyValue {
+    /// Held, and compared by content: what the value says is exactly this.
+    policy: Policy,
+    limits: SmallVec<[u64; 2]>,
+    value: HeaderValue,
+    /// Each member's name (`"1m"`, `"hourly"`) in `value`, for `RateLimit`.
+    names: SmallVec<[(usize, usize); 2]>,
+}
+
+impl PolicyValue {
+    fn new(policy: &Policy, statuses: &[QuotaStatus]) -> Self {
+        let mut pol = String::with_capacity(32 * statuses.len());
+        let mut names = SmallVec::new();
+        for (q, s) in policy.quotas().iter().zip(statuses) {
+            if !pol.is_empty() {
+                pol.push_str(", ");
+            }
+            let at = pol.len();
+            match q.configured_name() {
+                Some(name) => write_sf_string(&mut pol, name),
+                // A window name (`"1s"`, `"500ms"`) needs no escaping: written in place.
+                None => {
+                    pol.push('"');
+                    crate::quota::write_window(&mut pol, q.window_ms());
+                    pol.push('"');
+                }
+            }
+            names.push((at, pol.len()));
+            pol.push_str(";q=");
+            push_number(&mut pol, s.limit);
+            pol.push_str(";w=");
+            push_number(&mut pol, ceil_secs(q.window_ms()));
+        }
+        PolicyValue {
+            policy: policy.clone(),
+            limits: statuses.iter().map(|s| s.limit).collect(),
+            // Shared from the start: the clones kept and sent are reference counts.
+            value: HeaderValue::from_maybe_shared(Bytes::from_owner(pol))
+                .expect("sf-strings, windows and digits are a valid header value"),
+            names,
+        }
+    }
+
+    fn describes(&self, policy: &Policy, statuses: &[QuotaStatus]) -> bool {
+        self.policy == *policy && self.limits.iter().eq(statuses.iter().map(|s| &s.limit))
+    }
+
+    fn names(&self) -> impl Iterator<Item = &str> {
+        let text = self.value.as_bytes();
+        self.names
+            .iter()
+            .map(move |&(at, end)| std::str::from_utf8(&text[at..end]).unwrap_or_default())
+    }
 }
 
 /// Numbers below this are rendered from a static table: no allocation, no formatting.
@@ -312,9 +366,13 @@ fn reported_remaining(value: &HeaderValue) -> Option<u64> {
 /// several policies (e.g. an inner concurrency limit and this rate limit).
 pub(crate) fn append_list(headers: &mut HeaderMap, name: &HeaderName, members: String) {
     // The string's buffer becomes the value's: no copy.
-    let Ok(ours) = HeaderValue::from_maybe_shared(Bytes::from(members)) else {
-        return;
-    };
+    if let Ok(ours) = HeaderValue::from_maybe_shared(Bytes::from(members)) {
+        append_value(headers, name, ours);
+    }
+}
+
+/// [`append_list`] for members already made into a header value.
+fn append_value(headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue) {
     // One lookup in the usual case: the insert returns what was there.
     let Some(earlier) = headers.insert(name.clone(), ours) else {
         return;
@@ -364,6 +422,17 @@ mod tests {
         }
     }
 
+    /// `quota` and a second quota of 1000 an hour named `name`.
+    fn and_hourly(quota: Quota, name: &'static str) -> Policy {
+        Policy::new(quota)
+            .and(
+                Quota::new(1000, Duration::from_secs(3600))
+                    .unwrap()
+                    .named(name),
+            )
+            .unwrap()
+    }
+
     #[test]
     fn numbers_render_as_decimal_from_the_table_and_beyond_it() {
         for n in (0..SMALL + 20).chain([99_999, 100_000, 1 << 40, u64::MAX / 10, u64::MAX]) {
@@ -387,13 +456,7 @@ mod tests {
 
     #[test]
     fn ietf_lists_every_policy_by_name_in_structured_field_syntax() {
-        let policy = Policy::new(Quota::new(10, Duration::from_secs(1)).unwrap())
-            .and(
-                Quota::new(1000, Duration::from_secs(3600))
-                    .unwrap()
-                    .named("hour\"ly"),
-            )
-            .unwrap();
+        let policy = and_hourly(Quota::new(10, Duration::from_secs(1)).unwrap(), "hour\"ly");
         let d = Decision::from_statuses(
             [
                 status(10, 4, 1_500, true, 0),
@@ -503,6 +566,72 @@ mod tests {
             assert_ne!(ptr(&here[0]), ptr(&first[0]));
         })
         .unwrap();
+    }
+
+    #[test]
+    fn an_unchanged_ietf_policy_is_shared_and_a_changed_one_written_again() {
+        let ptr = |h: &HeaderMap| h[&RATELIMIT_POLICY].as_bytes().as_ptr();
+        let send = |policy: &Policy, statuses: &[QuotaStatus], now: u64| {
+            let d = Decision::from_statuses(statuses.iter().copied(), 1);
+            let mut h = HeaderMap::new();
+            apply(HeaderStyle::Ietf, policy, &d, now, &mut h);
+            h
+        };
+        let policy = and_hourly(Quota::new(100, Duration::from_secs(60)).unwrap(), "hourly");
+        let at = |r1, r2| {
+            [
+                status(100, r1, 61_000, true, 0),
+                status(1000, r2, 3_601_000, true, 0),
+            ]
+        };
+        let first = send(&policy, &at(99, 999), 1_000);
+        let second = send(&policy, &at(98, 998), 2_000);
+        for h in [&first, &second] {
+            assert_eq!(
+                h[&RATELIMIT_POLICY],
+                r#""1m";q=100;w=60, "hourly";q=1000;w=3600"#
+            );
+        }
+        assert_eq!(
+            first[&RATELIMIT],
+            r#""1m";r=99;t=60, "hourly";r=999;t=3600"#
+        );
+        assert_eq!(
+            second[&RATELIMIT],
+            r#""1m";r=98;t=59, "hourly";r=998;t=3599"#
+        );
+        assert_eq!(
+            ptr(&first),
+            ptr(&second),
+            "the unchanged policy is one buffer"
+        );
+
+        // An equal policy built again is the same text, shared.
+        let again = and_hourly(Quota::new(100, Duration::from_secs(60)).unwrap(), "hourly");
+        assert_eq!(ptr(&send(&again, &at(97, 997), 3_000)), ptr(&first));
+
+        // A limit the store reports differently is written again.
+        let lowered = [
+            status(50, 10, 61_000, true, 0),
+            status(1000, 996, 3_601_000, true, 0),
+        ];
+        let h = send(&policy, &lowered, 4_000);
+        assert_eq!(
+            h[&RATELIMIT_POLICY],
+            r#""1m";q=50;w=60, "hourly";q=1000;w=3600"#
+        );
+        assert_eq!(h[&RATELIMIT], r#""1m";r=10;t=57, "hourly";r=996;t=3597"#);
+        assert_ne!(ptr(&h), ptr(&first));
+
+        // Another policy is its own text, and names are escaped as ever.
+        let other = Policy::new(
+            Quota::new(5, Duration::from_secs(1))
+                .unwrap()
+                .named("b\"u\"rst"),
+        );
+        let h = send(&other, &[status(5, 4, 5_000, true, 0)], 4_500);
+        assert_eq!(h[&RATELIMIT_POLICY], r#""b\"u\"rst";q=5;w=1"#);
+        assert_eq!(h[&RATELIMIT], r#""b\"u\"rst";r=4;t=1"#);
     }
 
     #[test]
