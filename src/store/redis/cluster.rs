@@ -77,16 +77,13 @@ impl ClusterLane {
     pub(crate) async fn connection(&self) -> Result<ClusterConnection, StoreError> {
         self.conn
             .get_or_try_init(|| async {
-                let conn =
-                    tokio::time::timeout(self.connect_timeout, self.client.get_async_connection())
-                        .await
-                        .map_err(|_| {
-                            StoreError::Unavailable(format!(
-                                "redis cluster: no connection within {:?}",
-                                self.connect_timeout
-                            ))
-                        })?
-                        .map_err(redis_error)?;
+                let conn = super::or_unavailable(
+                    self.connect_timeout,
+                    "redis cluster: no connection",
+                    self.client.get_async_connection(),
+                )
+                .await?
+                .map_err(redis_error)?;
                 if let Some(vet) = &self.vet {
                     vet(AnyConnection::Cluster(conn.clone())).await?;
                 }

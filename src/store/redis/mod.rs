@@ -535,6 +535,18 @@ async fn invoke<T: FromRedisValue>(
 }
 
 /// Bounds a whole call (connection, re-sends, reply) by `budget`.
+/// `fut` within `limit`; past it, `Unavailable` saying that `what` did not
+/// come within it (`"redis cluster: no connection"` → `"… within 1s"`).
+pub(crate) async fn or_unavailable<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| StoreError::Unavailable(format!("{what} within {limit:?}")))
+}
+
 async fn within<T>(
     budget: Duration,
     call: impl std::future::Future<Output = Result<T, StoreError>>,

@@ -14,6 +14,7 @@
 //! eviction check stay on redis-rs; so do TLS and Unix-socket URLs, whose
 //! charges take the redis-rs path in full (see [`Endpoint::from_url`]).
 
+use super::or_unavailable;
 use crate::error::StoreError;
 use deadpool_redis::redis::{self, ConnectionAddr, IntoConnectionInfo, Value};
 use std::io;
@@ -62,15 +63,13 @@ impl Endpoint {
     /// response timeout).
     pub(crate) async fn connect(&self) -> Result<Wire, StoreError> {
         let addr = (self.host.as_str(), self.port);
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| {
-                StoreError::Unavailable(format!(
-                    "redis connection failed: no connection within {:?}",
-                    self.connect_timeout
-                ))
-            })?
-            .map_err(io_error)?;
+        let stream = or_unavailable(
+            self.connect_timeout,
+            "redis connection failed: no connection",
+            TcpStream::connect(addr),
+        )
+        .await?
+        .map_err(io_error)?;
         stream.set_nodelay(true).map_err(io_error)?;
         let mut wire = Wire {
             stream,
@@ -95,14 +94,12 @@ impl Endpoint {
             replies += 1;
         }
         if replies > 0 {
-            tokio::time::timeout(self.response_timeout, wire.handshake(hello, replies))
-                .await
-                .map_err(|_| {
-                    StoreError::Unavailable(format!(
-                        "redis timed out: no handshake reply within {:?}",
-                        self.response_timeout
-                    ))
-                })??;
+            or_unavailable(
+                self.response_timeout,
+                "redis timed out: no handshake reply",
+                wire.handshake(hello, replies),
+            )
+            .await??;
         }
         Ok(wire)
     }
