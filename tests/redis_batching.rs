@@ -192,6 +192,21 @@ impl Crowd {
             .collect()
     }
 
+    /// [`Crowd::run`] with Redis's `MONITOR` on: checks every decision is
+    /// exact ([`Crowd::assert_exact`]) and returns what Redis saw.
+    async fn run_watched(
+        &self,
+        server: &RedisServer,
+        store: &RedisStore,
+        now: u64,
+    ) -> Vec<MonitorEntry> {
+        let monitor = server.monitor();
+        let decisions = self.run(store, now).await;
+        let seen = monitor.stop();
+        Crowd::assert_exact(&decisions);
+        seen
+    }
+
     /// Each client is admitted exactly its quota, and each admitted request
     /// saw its own remaining (limit - 1 down to 0, each once): every decision
     /// came from its own read, in order.
@@ -225,11 +240,7 @@ async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision
     // The script for these algorithms loaded.
     Crowd::new("warm").run(&store, now).await;
 
-    let monitor = server.monitor();
-    let decisions = Crowd::new("crowd").run(&store, now).await;
-    let seen = monitor.stop();
-
-    Crowd::assert_exact(&decisions);
+    let seen = Crowd::new("crowd").run_watched(&server, &store, now).await;
     // One connection (the default), 200 requests queued on it: batches of
     // 64, 64, 64 and 8, in order.
     let calls = script_calls(&seen);
@@ -342,11 +353,9 @@ async fn noscript_inside_a_batch_reloads_and_resends_without_charging_twice() {
     };
     server.cmd(&["SCRIPT", "FLUSH"]);
 
-    let monitor = server.monitor();
-    let decisions = Crowd::new("flushed").run(&store, now).await;
-    let seen = monitor.stop();
-
-    Crowd::assert_exact(&decisions);
+    let seen = Crowd::new("flushed")
+        .run_watched(&server, &store, now)
+        .await;
     // Every batch sent before the script was back met NOSCRIPT (nothing
     // ran) and was re-sent once, with the script's source (`EVAL`, which
     // also caches it); yet one HMGET per request: none was charged twice.
@@ -576,11 +585,7 @@ async fn a_unix_socket_url_batches_charges_through_redis_rs_as_exactly() {
     // The script for these algorithms loaded.
     Crowd::new("warm").run(&store, now).await;
 
-    let monitor = server.monitor();
-    let decisions = Crowd::new("unix").run(&store, now).await;
-    let seen = monitor.stop();
-
-    Crowd::assert_exact(&decisions);
+    let seen = Crowd::new("unix").run_watched(&server, &store, now).await;
     let calls = script_calls(&seen);
     assert!(
         calls.len() < 200,
