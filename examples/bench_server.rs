@@ -4,7 +4,10 @@
 //! cargo run --release --features redis --example bench_server -- --variant memory --workers 1
 //! ```
 //!
-//! Variants: `none` (no limiter), `governor` (tower_governor, in-memory, per
+//! Variants: `none` (no limiter), `none-headers` (no limiter, but the hello
+//! world answers with four constant `x-ratelimit-*` headers as long as the
+//! ones `memory` sends: what sending them costs by itself, with no limiter
+//! working them out), `governor` (tower_governor, in-memory, per
 //! peer IP, no rate-limit headers on allowed responses), `governor-headers`
 //! (tower_governor with `use_headers()`: `x-ratelimit-limit` and
 //! `-remaining` on every response), `memory` and `redis`
@@ -27,6 +30,7 @@ use axum::Router;
 use clap::{Parser, ValueEnum};
 use deadpool_redis::redis::Script;
 use governor::middleware::NoOpMiddleware;
+use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +43,8 @@ use tower_ratelimit::{DenyCache, HeaderStyle, Quota, RateLimitLayer};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {
     None,
+    /// No limiter; four constant GitHub-style rate-limit headers on every response.
+    NoneHeaders,
     Governor,
     /// tower_governor with `use_headers()`: two rate-limit headers on every response.
     GovernorHeaders,
@@ -98,6 +104,9 @@ async fn serve(args: Args) {
     let quota = Quota::new(args.limit, window).expect("valid --limit and --window-secs");
     let app = match args.variant {
         Variant::None => app,
+        Variant::NoneHeaders => {
+            Router::new().route("/", get(|| async { (CONSTANT_HEADERS, "Hello, World!") }))
+        }
         Variant::Governor => app.layer(tower_governor::GovernorLayer::new(
             governor(args.limit, window)
                 .finish()
@@ -199,6 +208,27 @@ async fn serve(args: Args) {
     .await
     .expect("serve");
 }
+
+/// The `none-headers` variant's headers: the names the `memory` variant
+/// sends, with values as long as its (limit 10^9, a Unix reset, a busy window).
+const CONSTANT_HEADERS: [(HeaderName, HeaderValue); 4] = [
+    (
+        HeaderName::from_static("x-ratelimit-limit"),
+        HeaderValue::from_static("1000000000"),
+    ),
+    (
+        HeaderName::from_static("x-ratelimit-remaining"),
+        HeaderValue::from_static("999876543"),
+    ),
+    (
+        HeaderName::from_static("x-ratelimit-reset"),
+        HeaderValue::from_static("1796054400"),
+    ),
+    (
+        HeaderName::from_static("x-ratelimit-used"),
+        HeaderValue::from_static("123457"),
+    ),
+];
 
 /// tower_governor's configuration for `limit` per `window` per peer IP.
 fn governor(

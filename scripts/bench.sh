@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# End-to-end benchmark (issue 8): the axum hello world with no limiter, with
-# tower_governor (without and with its rate-limit headers), with this crate
+# End-to-end benchmark (issue 8): the axum hello world with no limiter (and
+# with no limiter but four constant rate-limit headers, what their bytes cost
+# by themselves), with tower_governor (without and with its rate-limit headers), with this crate
 # on memory (with and without headers) and on Redis, and with two
 # hand-written Redis limiters (one EVALSHA per request on a shared multiplexed
 # connection; on a connection checked out of a deadpool pool), side by side,
@@ -27,7 +28,7 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
 FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
-VARIANTS=${VARIANTS:-"none governor governor-headers memory memory-bare redis multiplexed naive"}
+VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis multiplexed naive"}
 APP_CPU=${APP_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 
@@ -193,8 +194,9 @@ for line in open(path):
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
 med = lambda xs: st.median(xs)
-order = [v for v in ["none", "governor", "governor-headers", "memory", "memory-bare", "redis", "multiplexed", "naive"] if v in sat]
-names = {"none": "no limiter", "governor": "tower_governor 0.8 (memory)",
+order = [v for v in ["none", "none-headers", "governor", "governor-headers", "memory", "memory-bare", "redis", "multiplexed", "naive"] if v in sat]
+names = {"none": "no limiter", "none-headers": "no limiter, four constant x-ratelimit-* headers",
+         "governor": "tower_governor 0.8 (memory)",
          "governor-headers": "tower_governor 0.8, use_headers() (2 headers)", "memory": "tower-ratelimit, memory",
          "memory-bare": "tower-ratelimit, memory, no headers",
          "redis": "tower-ratelimit, Redis",
@@ -225,6 +227,11 @@ if "none" in sat and len(sat["none"]) > 1:
     for v in order[1:]:
         rs = [x[0] / b[0] for x, b in zip(sat[v], sat["none"])]
         print(f"| {names[v]} | " + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
+    if "memory" in sat and "none-headers" in sat:
+        # Like for like: the limiter's own cost, the headers' bytes on both sides.
+        rs = [x[0] / b[0] for x, b in zip(sat["memory"], sat["none-headers"])]
+        print(f"| {names['memory']}, against the no-limiter app sending four constant headers | "
+              + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
 rates = sorted(fix, reverse=True)
 if rates:
     print()
