@@ -8,7 +8,6 @@ use crate::limiter::{
     BoxFuture, Charged, Charging, KeySource, Limiter, Pending, PolicySource, RequestPolicy, Verdict,
 };
 use crate::quota::Policy;
-use crate::store::StoreFuture;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
@@ -31,6 +30,21 @@ impl<S, B> Waiting<S, B>
 where
     S: Service<Request<B>>,
 {
+    /// Keeps the request and the ready inner service until the decision
+    /// arrives: the ready service goes with this request, and the layer's
+    /// `service` gets a fresh clone.
+    fn keep(service: &mut S, parts: Parts, body: B) -> Self
+    where
+        S: Clone,
+    {
+        let clone = service.clone();
+        Waiting {
+            service: std::mem::replace(service, clone),
+            parts,
+            body,
+        }
+    }
+
     /// Hands the request to the inner service.
     fn forward(self) -> S::Future {
         let Waiting {
@@ -49,21 +63,31 @@ pin_project! {
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S::Future>,
-        waiting: Option<Waiting<S, B>>,
+        state: State<S, B, S::Future>,
         charged: Option<Charged>,
-        pending: Option<Pending>,
         limiter: Arc<Limiter>,
     }
 }
 
 pin_project! {
+    // What only waiting needs (the request, the ready service, the charge's
+    // inputs) lives in the waiting states, where the inner service's future
+    // would be: the two never exist at once, so the future, which is moved
+    // and boxed on every request, is as large as the larger of them, not
+    // their sum.
     #[project = StateProj]
-    enum State<F> {
+    enum State<S, B, F> {
         // Async key or policy lookup (only for users of `key_async`/`policy_async`).
-        Resolving { fut: BoxFuture<Result<Option<(Key, Policy)>, KeyError>> },
+        Resolving {
+            fut: BoxFuture<Result<Option<(Key, Policy)>, KeyError>>,
+            waiting: Option<Waiting<S, B>>,
+        },
         // The store call is in flight.
-        Charging { fut: StoreFuture<Result<Decision, StoreError>> },
+        Charging {
+            fut: BoxFuture<Result<Decision, StoreError>>,
+            waiting: Option<Waiting<S, B>>,
+            pending: Option<Pending>,
+        },
         // The inner service is answering.
         Inner { #[pin] fut: F },
         // The limiter answered; the inner service was not called.
@@ -78,9 +102,7 @@ where
     pub(crate) fn start(service: &mut S, limiter: &Arc<Limiter>, req: Request<B>) -> Self {
         let mut this = ResponseFuture {
             state: State::Answered { res: None },
-            waiting: None,
             charged: None,
-            pending: None,
             limiter: limiter.clone(),
         };
         // Built in place: every step below writes into `this` through `&mut`,
@@ -103,8 +125,9 @@ where
                             None => Ok(None),
                         }
                     }),
+                    waiting: Some(Waiting::keep(service, parts, body)),
                 };
-                return self.wait(service, parts, body);
+                return;
             }
         };
         let key = match key {
@@ -130,8 +153,8 @@ where
                 let fut = f(&parts, key);
                 self.state = State::Resolving {
                     fut: Box::pin(async move { Ok(Some((key, fut.await?))) }),
+                    waiting: Some(Waiting::keep(service, parts, body)),
                 };
-                self.wait(service, parts, body)
             }
         }
     }
@@ -153,23 +176,13 @@ where
             Charging::Decided(Verdict::Forward) => self.forward_now(service, parts, body),
             Charging::Decided(Verdict::Answer(res)) => self.answer(res),
             Charging::InFlight(fut, pending) => {
-                self.pending = Some(pending);
-                self.state = State::Charging { fut };
-                self.wait(service, parts, body)
+                self.state = State::Charging {
+                    fut,
+                    waiting: Some(Waiting::keep(service, parts, body)),
+                    pending: Some(pending),
+                };
             }
         }
-    }
-
-    /// Keeps the request and the ready inner service until the decision arrives.
-    fn wait(&mut self, service: &mut S, parts: Parts, body: B) {
-        // The ready service goes with this request; `self.inner` gets a fresh clone.
-        let clone = service.clone();
-        let service = std::mem::replace(service, clone);
-        self.waiting = Some(Waiting {
-            service,
-            parts,
-            body,
-        });
     }
 
     fn forward_now(&mut self, service: &mut S, parts: Parts, body: B) {
@@ -220,9 +233,9 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Resolving { fut } => {
+                StateProj::Resolving { fut, waiting } => {
                     let resolved = ready!(fut.as_mut().poll(cx));
-                    let waiting = this.waiting.take().expect("request kept while resolving");
+                    let waiting = waiting.take().expect("request kept while resolving");
                     match resolved {
                         Ok(Some((key, policy))) => {
                             let cost = this.limiter.cost(&waiting.parts);
@@ -242,9 +255,11 @@ where
                                     this.state.set(State::Answered { res: Some(res) });
                                 }
                                 Charging::InFlight(fut, pending) => {
-                                    *this.pending = Some(pending);
-                                    *this.waiting = Some(waiting);
-                                    this.state.set(State::Charging { fut });
+                                    this.state.set(State::Charging {
+                                        fut,
+                                        waiting: Some(waiting),
+                                        pending: Some(pending),
+                                    });
                                 }
                             }
                         }
@@ -262,20 +277,21 @@ where
                         }
                     }
                 }
-                StateProj::Charging { fut } => {
-                    let result = ready!(Pin::new(fut).poll(cx));
-                    let pending = this.pending.take().expect("charge inputs kept");
+                StateProj::Charging {
+                    fut,
+                    waiting,
+                    pending,
+                } => {
+                    let result = ready!(fut.as_mut().poll(cx));
+                    let pending = pending.take().expect("charge inputs kept");
                     match this.limiter.verdict(pending, result, this.charged) {
                         Verdict::Forward => {
-                            let waiting = this.waiting.take().expect("request kept while charging");
+                            let waiting = waiting.take().expect("request kept while charging");
                             this.state.set(State::Inner {
                                 fut: waiting.forward(),
                             });
                         }
-                        Verdict::Answer(res) => {
-                            *this.waiting = None;
-                            this.state.set(State::Answered { res: Some(res) });
-                        }
+                        Verdict::Answer(res) => this.state.set(State::Answered { res: Some(res) }),
                     }
                 }
                 StateProj::Inner { fut } => {

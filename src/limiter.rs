@@ -164,7 +164,10 @@ pub(crate) enum Charging {
     /// The answer was there at once and is decided.
     Decided(Verdict),
     /// The store call is in flight; [`Limiter::verdict`] takes its answer.
-    InFlight(StoreFuture<Result<Decision, StoreError>>, Pending),
+    /// Only the boxed future is kept: the request's future holds it while it
+    /// waits, and a [`StoreFuture`] (room for a `Decision`) would make that
+    /// future larger for every request.
+    InFlight(BoxFuture<Result<Decision, StoreError>>, Pending),
 }
 
 /// What to do with a request once its key and policy are known and charged.
@@ -281,7 +284,7 @@ impl Limiter {
                 Charging::Decided(self.verdict(p, Err(err), charged))
             }
             // Only a call that has to wait is timed.
-            fut @ StoreFuture::Pending(_) => {
+            StoreFuture::Pending(fut) => {
                 let started = Some(Instant::now());
                 Charging::InFlight(fut, pending(policy, Source::Store { started }, domain))
             }

@@ -259,13 +259,13 @@ fn answers_into(reply: &[Value], jobs: &[Job], out: &mut Vec<JobReply>) -> Resul
                 let block = reply
                     .get(at + 1..at + 1 + k)
                     .ok_or_else(|| bad("cut short"))?;
-                let nums = block
-                    .iter()
-                    .map(|v| match v {
-                        Value::Int(n) => Ok(*n),
-                        other => Err(bad(&format!("{other:?} is not a number"))),
-                    })
-                    .collect::<Result<SmallVec<[i64; 16]>, _>>()?;
+                let mut nums = SmallVec::<[i64; 16]>::new();
+                for v in block {
+                    match v {
+                        Value::Int(n) => nums.push(*n),
+                        other => return Err(bad(&format!("{other:?} is not a number"))),
+                    }
+                }
                 out.push(reply::decode(&job.policy, Some(job.cost), job.now, &nums));
                 at += 1 + k;
             }

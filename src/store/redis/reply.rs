@@ -222,10 +222,13 @@ pub(super) fn decode(
     reply: &[i64],
 ) -> Result<Decision, StoreError> {
     let bad = || StoreError::Protocol(format!("rate-limit script returned {reply:?}"));
-    if reply.len() < 2 || reply.iter().any(|v| *v < 0) {
+    let mut r = SmallVec::<[u64; 16]>::new();
+    for v in reply {
+        r.push(u64::try_from(*v).map_err(|_| bad())?);
+    }
+    if r.len() < 2 {
         return Err(bad());
     }
-    let r: SmallVec<[u64; 16]> = reply.iter().map(|v| *v as u64).collect();
     let now = r[1];
     if sent_now.is_some_and(|t| t != now) {
         // Every reply echoes the time it was sent with: a reply to another call
