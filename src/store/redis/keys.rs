@@ -24,35 +24,39 @@ pub(crate) type HashKey = SmallVec<[u8; 80]>;
 
 /// [`redis_key`] as bytes.
 pub(crate) fn hash_key(prefix: &str, namespace: &Namespace, key: &Key) -> HashKey {
-    let tag = hash_tag(namespace, key);
     let mut s = HashKey::new();
     s.extend_from_slice(prefix.as_bytes());
     s.extend_from_slice(namespace.name().as_bytes());
-    s.extend_from_slice(&tag);
+    push_tag(&mut s, namespace, key);
     s
 }
 
 /// `:{`, 32 hex digits of SHA-256 over the namespace and the key, and `}`.
 type Tag = [u8; 35];
 
-/// [`Tag`] of `key` in `namespace`. Each thread keeps the last one it made:
-/// a global limit or a busy client (the same key request after request)
-/// pays for SHA-256 once, not on every request.
-fn hash_tag(namespace: &Namespace, key: &Key) -> Tag {
-    use std::cell::Cell;
+/// Appends the [`Tag`] of `key` in `namespace` to `s`. Each thread keeps the
+/// last one it made: a global limit or a busy client (the same key request
+/// after request) pays for SHA-256 once, not on every request. The kept tag
+/// is read in place, not copied out first.
+fn push_tag(s: &mut HashKey, namespace: &Namespace, key: &Key) {
+    use std::cell::RefCell;
     thread_local! {
-        static LAST: Cell<Option<(u64, Key, Tag)>> = const { Cell::new(None) };
+        static LAST: RefCell<Option<(u64, Key, Tag)>> = const { RefCell::new(None) };
     }
     let id = namespace.id();
-    if let Some((last_id, last_key, tag)) = LAST.get() {
+    let kept = LAST.with_borrow(|last| match last {
         // A namespace's id is its identity throughout the crate (a digest of its name).
-        if last_id == id && last_key == *key {
-            return tag;
+        Some((last_id, last_key, tag)) if *last_id == id && last_key == key => {
+            s.extend_from_slice(tag);
+            true
         }
+        _ => false,
+    });
+    if !kept {
+        let tag = digest_tag(namespace, key);
+        s.extend_from_slice(&tag);
+        LAST.set(Some((id, *key, tag)));
     }
-    let tag = digest_tag(namespace, key);
-    LAST.set(Some((id, *key, tag)));
-    tag
 }
 
 fn digest_tag(namespace: &Namespace, key: &Key) -> Tag {
@@ -146,7 +150,7 @@ mod tests {
             );
             previous = Some((ns.id(), *key));
         }
-        assert_ne!(hash_tag(&a, &x), hash_tag(&b, &x));
-        assert_ne!(hash_tag(&a, &x), hash_tag(&a, &y));
+        assert_ne!(digest_tag(&a, &x), digest_tag(&b, &x));
+        assert_ne!(digest_tag(&a, &x), digest_tag(&a, &y));
     }
 }

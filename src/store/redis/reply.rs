@@ -237,17 +237,19 @@ pub(super) fn decode(
             "reply for time {now} does not belong to a call sent at {sent_now:?}"
         )));
     }
-    let mut statuses: SmallVec<[QuotaStatus; 2]> = SmallVec::new();
+    // Built in place, as the memory store builds it: the statuses are not
+    // gathered first and copied in.
+    let mut decision = Decision::building();
     let mut i = 2;
     for q in policy.quotas() {
         let (read, len) = read_block(q, &r[i..]).ok_or_else(bad)?;
-        statuses.push(replay(q, read, now, cost));
+        decision.push(replay(q, read, now, cost));
         i += len;
     }
     if i != r.len() {
         return Err(bad());
     }
-    let decision = Decision::from_statuses(statuses, cost.unwrap_or(0));
+    decision.settle(cost.unwrap_or(0));
     if cost.is_some() && decision.is_allowed() != (r[0] == 1) {
         return Err(StoreError::Protocol(format!(
             "charge script decided {} but the state it returned says otherwise: {reply:?}",

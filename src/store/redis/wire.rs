@@ -318,20 +318,21 @@ fn line(buf: &[u8], at: usize) -> Result<Option<(&[u8], usize)>, StoreError> {
     Ok(Some((&rest[1..nl - 1], at + nl + 1)))
 }
 
-/// An integer line's (or a length's) digits, optionally after a `-`. A
-/// charge reply is mostly such numbers (five or more per request), so the
-/// usual case is read digit by digit: up to 18 digits cannot overflow an
-/// `i64`. Longer ones go through `str::parse`, which checks for overflow.
+/// An integer line's (or a length's) digits, optionally after a sign (RESP
+/// allows `+` or `-`), read as `str::parse` reads them. A charge reply is
+/// mostly such numbers (five or more per request), so the usual case is read
+/// digit by digit: up to 18 digits cannot overflow an `i64`. Longer ones go
+/// through `str::parse`, which checks for overflow.
 fn number(digits: &[u8]) -> Result<i64, StoreError> {
     let malformed = || protocol("a malformed number");
     let (negative, ds) = match digits.split_first() {
         Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
         _ => (false, digits),
     };
     if ds.is_empty() || ds.len() > 18 {
         return std::str::from_utf8(digits)
             .ok()
-            .filter(|s| !s.starts_with('+'))
             .and_then(|s| s.parse().ok())
             .ok_or_else(malformed);
     }
@@ -348,7 +349,7 @@ fn number(digits: &[u8]) -> Result<i64, StoreError> {
 
 /// An integer line (`:` then digits, CRLF) at `at`, read in one pass: the
 /// digits as the line is scanned. Anything unusual (no digits, 19 or more of
-/// them, a byte other than CR after them) is left to [`line`] and
+/// them, a `+` sign, a byte other than CR after them) is left to [`line`] and
 /// [`number`], which give the same answer as for any other line.
 fn int_line(buf: &[u8], at: usize) -> Option<(i64, usize)> {
     let rest = buf.get(at + 1..)?;
@@ -504,10 +505,14 @@ mod tests {
         }
         assert_eq!(number(b"-0").unwrap(), 0);
         assert_eq!(number(b"007").unwrap(), 7);
+        assert_eq!(number(b"+5").unwrap(), 5);
+        assert_eq!(number(b"+9223372036854775807").unwrap(), i64::MAX);
         for bad in [
             &b""[..],
             b"-",
-            b"+5",
+            b"+",
+            b"+-5",
+            b"-+5",
             b"1-2",
             b"12x",
             b" 1",
@@ -525,7 +530,9 @@ mod tests {
     fn integer_items_read_in_one_pass_agree_with_the_general_reader() {
         // Whole, cut short anywhere, or malformed: the one-pass reader and
         // the general one (line, then number) give the same answer.
-        let lines: [&[u8]; 12] = [
+        let lines: [&[u8]; 14] = [
+            b":+7\r\n",
+            b":+\r\n",
             b":0\r\n",
             b":-1\r\n",
             b":1796051584123\r\n",
