@@ -84,6 +84,11 @@ struct Args {
     /// Turn the `redis` variant's deny cache off.
     #[arg(long)]
     no_deny_cache: bool,
+    /// The `redis` variant's store timeout in ms (default: the crate's, 50 ms);
+    /// `scripts/server_cost.sh` raises it, since callgrind slows the app
+    /// twenty-fold and a timed-out charge would measure the failure path.
+    #[arg(long)]
+    store_timeout_ms: Option<u64>,
 }
 
 fn main() {
@@ -144,6 +149,9 @@ async fn serve(args: Args) {
                 .store(store);
             if args.no_deny_cache {
                 b = b.deny_cache(DenyCache::disabled());
+            }
+            if let Some(ms) = args.store_timeout_ms {
+                b = b.store_timeout(Duration::from_millis(ms));
             }
             app.layer(b.build().expect("layer"))
         }

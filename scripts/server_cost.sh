@@ -3,11 +3,12 @@
 # counted in instructions with callgrind: the axum app, hyper, tokio and the
 # limiter together, as wrk drives them (64 connections). Unlike throughput on
 # a shared VM, which swings by ±10-20% between rounds, these counts repeat
-# within about 1% (the Redis variants within a few percent: how many requests
-# share a script call depends on timing). They leave out the kernel (system
-# calls count as one instruction), which is about as much again for a
-# hello world, so a ratio here is a bound the throughput ratio stays above,
-# not a prediction of it.
+# within about 1% from run to run (the Redis variant too, though how many
+# requests share a script call depends on timing). They leave out the kernel
+# (a system call counts as one instruction), which for this hello world is
+# about twice the user-space count (README, "The whole server, in
+# instructions"), so a ratio here is a bound the throughput ratio stays
+# above, not a prediction of it.
 #
 #   scripts/server_cost.sh              # every variant, working tree
 #   scripts/server_cost.sh 2b8672a      # beside a tag or commit, side by side
@@ -41,9 +42,12 @@ fi
 ROOT=$PWD
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 WORK=$(mktemp -d)
-PIDS=()
+# Every process started, one PID a line: per_request runs in a subshell
+# ($(...)), so an array would not reach cleanup.
+PIDS=$WORK/pids
+touch "$PIDS"
 cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  while read -r p; do kill "$p" 2>/dev/null || true; done <"$PIDS"
   wait 2>/dev/null || true
   if [ -n "$REV" ]; then
     git -C "$ROOT" worktree remove --force "$WORK/tree" 2>/dev/null || true
@@ -64,11 +68,16 @@ fi
 
 RPORT=$(free_port)
 redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/redis.log" 2>&1 &
-PIDS+=("$!")
+echo "$!" >>"$PIDS"
 for _ in $(seq 100); do
   [ "$(redis-cli -p "$RPORT" PING 2>/dev/null)" = PONG ] && break
   sleep 0.05
 done
+[ "$(redis-cli -p "$RPORT" PING 2>/dev/null)" = PONG ] || {
+  echo "redis-server did not start:" >&2
+  cat "$WORK/redis.log" >&2
+  exit 1
+}
 
 # Instructions per request of BIN serving VARIANT.
 per_request() { # bin variant
@@ -76,10 +85,13 @@ per_request() { # bin variant
   port=$(free_port)
   log=$WORK/$2.log
   out=$WORK/$2.cg
+  # A long store timeout: callgrind slows the app twenty-fold, and a charge
+  # that timed out would measure the failure path instead.
   valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --variant "$2" --workers 1 \
-    --listen "127.0.0.1:$port" --redis-url "redis://127.0.0.1:$RPORT" >"$log" 2>&1 &
+    --listen "127.0.0.1:$port" --redis-url "redis://127.0.0.1:$RPORT" \
+    --store-timeout-ms 10000 >"$log" 2>&1 &
   vp=$!
-  PIDS+=("$vp")
+  echo "$vp" >>"$PIDS"
   for _ in $(seq 300); do
     grep -q '^listening on' "$log" && break
     kill -0 "$vp" 2>/dev/null || break
@@ -92,8 +104,14 @@ per_request() { # bin variant
   }
   wrk -t1 -c64 -d2s "http://127.0.0.1:$port/" >/dev/null
   callgrind_control --zero "$vp" >/dev/null 2>&1
-  n=$(wrk -t1 -c64 -d4s "http://127.0.0.1:$port/" | awk '/requests in/ {print $1}')
+  wrk -t1 -c64 -d4s "http://127.0.0.1:$port/" >"$WORK/wrk.txt"
   callgrind_control --dump "$vp" >/dev/null 2>&1
+  n=$(awk '/requests in/ {print $1}' "$WORK/wrk.txt")
+  if [ -z "$n" ] || [ "$n" -eq 0 ] || grep -qE 'Non-2xx|Socket errors' "$WORK/wrk.txt"; then
+    echo "bench_server --variant $2: wrk did not get only successful responses:" >&2
+    cat "$WORK/wrk.txt" >&2
+    exit 1
+  fi
   kill "$vp"
   wait "$vp" 2>/dev/null || true
   # The dump ($out.1) holds the counts since the zeroing.
