@@ -642,7 +642,7 @@ impl Reading {
             // request: a demoted primary, where every later batch fails too.
             let demoted = match &answered {
                 Ok(()) => readonly(&self.answers),
-                Err(e) => Some(e.clone()).filter(|e| e.kind() == "readonly"),
+                Err(e) => (e.kind() == "readonly").then(|| e.clone()),
             };
             let answers = &mut self.answers;
             sent.batch.deliver(answered.map(|()| answers.drain(..)));

@@ -534,7 +534,6 @@ async fn invoke<T: FromRedisValue>(
     within(budget, lanes.run(Call::Eval { script, cmd })).await
 }
 
-/// Bounds a whole call (connection, re-sends, reply) by `budget`.
 /// `fut` within `limit`; past it, `Unavailable` saying that `what` did not
 /// come within it (`"redis cluster: no connection"` → `"… within 1s"`).
 pub(crate) async fn or_unavailable<T>(
@@ -547,6 +546,7 @@ pub(crate) async fn or_unavailable<T>(
         .map_err(|_| StoreError::Unavailable(format!("{what} within {limit:?}")))
 }
 
+/// Bounds a whole call (connection, re-sends, reply) by `budget`.
 async fn within<T>(
     budget: Duration,
     call: impl std::future::Future<Output = Result<T, StoreError>>,

@@ -320,44 +320,28 @@ fn line(buf: &[u8], at: usize) -> Result<Option<(&[u8], usize)>, StoreError> {
 
 /// An integer line's (or a length's) digits, optionally after a sign (RESP
 /// allows `+` or `-`), read as `str::parse` reads them. A charge reply is
-/// mostly such numbers (five or more per request), so the usual case is read
-/// digit by digit: up to 18 digits cannot overflow an `i64`. Longer ones go
+/// mostly such numbers (five or more per request), so the usual case is
+/// [`short_int`]; anything else (a `+`, 19 or more digits, a stray byte) goes
 /// through `str::parse`, which checks for overflow.
 fn number(digits: &[u8]) -> Result<i64, StoreError> {
-    let malformed = || protocol("a malformed number");
-    let (negative, ds) = match digits.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        Some((b'+', rest)) => (false, rest),
-        _ => (false, digits),
-    };
-    if ds.is_empty() || ds.len() > 18 {
-        return std::str::from_utf8(digits)
+    match short_int(digits) {
+        Some((n, used)) if used == digits.len() => Ok(n),
+        _ => std::str::from_utf8(digits)
             .ok()
             .and_then(|s| s.parse().ok())
-            .ok_or_else(malformed);
+            .ok_or_else(|| protocol("a malformed number")),
     }
-    let mut n: i64 = 0;
-    for &b in ds {
-        let d = b.wrapping_sub(b'0');
-        if d > 9 {
-            return Err(malformed());
-        }
-        n = n * 10 + i64::from(d);
-    }
-    Ok(if negative { -n } else { n })
 }
 
-/// An integer line (`:` then digits, CRLF) at `at`, read in one pass: the
-/// digits as the line is scanned. Anything unusual (no digits, 19 or more of
-/// them, a `+` sign, a byte other than CR after them) is left to [`line`] and
-/// [`number`], which give the same answer as for any other line.
-fn int_line(buf: &[u8], at: usize) -> Option<(i64, usize)> {
-    let rest = buf.get(at + 1..)?;
-    let negative = rest.first() == Some(&b'-');
+/// The `[-]digits` at the start of `s`, read digit by digit, and the bytes
+/// they take; `None` without a digit, or past 18 of them (up to 18 cannot
+/// overflow an `i64`), for the caller's general path to answer.
+fn short_int(s: &[u8]) -> Option<(i64, usize)> {
+    let negative = s.first() == Some(&b'-');
     let start = usize::from(negative);
     let mut n: i64 = 0;
     let mut i = start;
-    while let Some(&b) = rest.get(i) {
+    while let Some(&b) = s.get(i) {
         let d = b.wrapping_sub(b'0');
         if d > 9 {
             break;
@@ -368,10 +352,18 @@ fn int_line(buf: &[u8], at: usize) -> Option<(i64, usize)> {
         n = n * 10 + i64::from(d);
         i += 1;
     }
-    if i == start || rest.get(i..i + 2) != Some(b"\r\n") {
-        return None;
-    }
-    Some((if negative { -n } else { n }, at + 1 + i + 2))
+    (i > start).then_some((if negative { -n } else { n }, i))
+}
+
+/// An integer line (`:` then digits, CRLF) at `at`, read in one pass: the
+/// digits as the line is scanned ([`short_int`]). Anything unusual (no
+/// digits, 19 or more of them, a `+` sign, a byte other than CR after them)
+/// is left to [`line`] and [`number`], which give the same answer as for any
+/// other line.
+fn int_line(buf: &[u8], at: usize) -> Option<(i64, usize)> {
+    let rest = buf.get(at + 1..)?;
+    let (n, i) = short_int(rest)?;
+    (rest.get(i..i + 2) == Some(b"\r\n")).then_some((n, at + 1 + i + 2))
 }
 
 /// One array item (or a lone non-array reply) at `at`.
