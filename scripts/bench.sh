@@ -36,11 +36,9 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 BIN=$CARGO_TARGET_DIR/release/examples
 
-need() { command -v "$1" >/dev/null 2>&1; }
-if ! need wrk || ! need redis-server || ! need redis-cli; then
-  echo "installing wrk and redis with apt" >&2
-  apt-get update -qq && apt-get install -y -qq wrk redis-server >/dev/null
-fi
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+install_missing "wrk redis-server" wrk redis-server redis-cli
 
 cargo build --quiet --release --features redis --example bench_server --example loadgen
 
@@ -53,18 +51,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# shellcheck source=scripts/lib.sh
-. scripts/lib.sh
-
 RPORT=$(free_port)
 taskset -c "$LOAD_CPU" redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no \
   >"$WORK/redis.log" 2>&1 &
 RPID=$!
 PIDS+=("$RPID")
-for _ in $(seq 100); do
-  [ "$(redis-cli -p "$RPORT" PING 2>/dev/null)" = PONG ] && break
-  sleep 0.05
-done
+wait_for_redis "$RPORT" "$WORK/redis.log"
 rcli() { redis-cli -p "$RPORT" "$@"; }
 
 TCK=$(getconf CLK_TCK)

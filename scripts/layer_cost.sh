@@ -26,10 +26,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 REV=$(revision "${1:-}")
-command -v valgrind >/dev/null 2>&1 || {
-  echo "installing valgrind with apt" >&2
-  apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
-}
+install_missing valgrind valgrind
 
 ROOT=$PWD
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -43,9 +40,7 @@ trap cleanup EXIT
 cargo build --quiet --release --example layer_cost
 cp "$CARGO_TARGET_DIR/release/examples/layer_cost" "$TREE.here"
 
-git worktree add --quiet --detach "$TREE" "$REV"
-cp examples/layer_cost.rs "$TREE/examples/layer_cost.rs"
-(cd "$TREE" && CARGO_TARGET_DIR=$ROOT/target/layer-cost cargo build --quiet --release --example layer_cost)
+build_at "$REV" "$TREE" layer_cost "$ROOT/target/layer-cost"
 cp "$ROOT/target/layer-cost/release/examples/layer_cost" "$TREE.there"
 
 # Instructions callgrind counts for one run of BIN with ARGS.

@@ -30,11 +30,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 REV=$(revision "${1:-}")
 
-need() { command -v "$1" >/dev/null 2>&1; }
-if ! need valgrind || ! need redis-server || ! need redis-benchmark; then
-  echo "installing valgrind and redis with apt" >&2
-  apt-get update -qq && apt-get install -y -qq valgrind redis-server redis-tools >/dev/null
-fi
+install_missing "valgrind redis-server redis-tools" valgrind redis-server redis-benchmark
 
 WORK=$(mktemp -d)
 SRV=""

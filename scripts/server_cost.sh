@@ -33,11 +33,7 @@ REV=""
 [ -n "${1:-}" ] && REV=$(revision "$1")
 VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis multiplexed"}
 
-need() { command -v "$1" >/dev/null 2>&1; }
-if ! need valgrind || ! need wrk || ! need redis-server || ! need redis-cli; then
-  echo "installing valgrind, wrk and redis with apt" >&2
-  apt-get update -qq && apt-get install -y -qq valgrind wrk redis-server >/dev/null
-fi
+install_missing "valgrind wrk redis-server" valgrind wrk redis-server redis-cli
 
 ROOT=$PWD
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -59,25 +55,14 @@ trap cleanup EXIT
 cargo build --quiet --release --features redis --example bench_server
 cp "$CARGO_TARGET_DIR/release/examples/bench_server" "$WORK/here"
 if [ -n "$REV" ]; then
-  git worktree add --quiet --detach "$WORK/tree" "$REV"
-  cp examples/bench_server.rs "$WORK/tree/examples/bench_server.rs"
-  (cd "$WORK/tree" && CARGO_TARGET_DIR=$ROOT/target/server-cost \
-    cargo build --quiet --release --features redis --example bench_server)
+  build_at "$REV" "$WORK/tree" bench_server "$ROOT/target/server-cost" --features redis
   cp "$ROOT/target/server-cost/release/examples/bench_server" "$WORK/there"
 fi
 
 RPORT=$(free_port)
 redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/redis.log" 2>&1 &
 echo "$!" >>"$PIDS"
-for _ in $(seq 100); do
-  [ "$(redis-cli -p "$RPORT" PING 2>/dev/null)" = PONG ] && break
-  sleep 0.05
-done
-[ "$(redis-cli -p "$RPORT" PING 2>/dev/null)" = PONG ] || {
-  echo "redis-server did not start:" >&2
-  cat "$WORK/redis.log" >&2
-  exit 1
-}
+wait_for_redis "$RPORT" "$WORK/redis.log"
 
 # Instructions per request of BIN serving VARIANT.
 per_request() { # bin variant
