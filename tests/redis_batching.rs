@@ -655,6 +655,22 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
             .and(burst)
             .unwrap()
     };
+    // Two quotas without a log read and write through the generic path
+    // (each algorithm's read/fits/reply/write), one quota through its step.
+    let gcra_and_sliding = {
+        let g = Quota::new(3, Duration::from_secs(1))
+            .unwrap()
+            .with_algorithm(Algorithm::Gcra)
+            .unwrap()
+            .burst(4)
+            .unwrap();
+        let s = Quota::new(7, Duration::from_secs(60))
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingWindow)
+            .unwrap();
+        // GCRA second: its fields start after the sliding window's.
+        Policy::new(s).and(g).unwrap()
+    };
     let policies = [
         fixed(5),
         lone(Algorithm::TokenBucket, 5),
@@ -662,6 +678,7 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
         lone(Algorithm::SlidingWindow, 5),
         two,
         mixed(),
+        gcra_and_sliding,
     ];
     // (client, policy, ms after `now`, cost): runs of 1 to 9 requests for one
     // key, past its quota, with times and costs changing mid-run and a
@@ -703,8 +720,9 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
             .collect();
     let seen = monitor.stop();
     assert_eq!(script_calls(&seen).len(), 1, "one script call");
-    let runs_without_logs = 10;
-    let log_requests = 9 + 1;
+    // Runs 0..12 take policy i % 7: the sliding log (5) only run 5, of 9 requests.
+    let runs_without_logs = 11;
+    let log_requests = 9;
     assert_eq!(
         script_internal(&seen, "HMGET"),
         runs_without_logs + log_requests,
