@@ -12,7 +12,8 @@
 //! (tower_governor with `use_headers()`: `x-ratelimit-limit` and
 //! `-remaining` on every response), `memory` and `redis`
 //! (this crate, per peer IP, GitHub-style headers on every response),
-//! `memory-bare` (this crate without headers, as tower_governor), and two
+//! `memory-bare` and `redis-bare` (this crate without headers, as
+//! tower_governor and the hand-written baselines), and two
 //! hand-written baselines, axum `from_fn` middlewares that send one `EVALSHA`
 //! of `benches/fixed_window_standalone.lua` per request: `naive` checks a
 //! connection out of a deadpool pool for each, `multiplexed` shares one
@@ -52,6 +53,8 @@ enum Variant {
     /// `memory` without rate-limit headers (as tower_governor by default).
     MemoryBare,
     Redis,
+    /// `redis` without rate-limit headers (as the hand-written baselines).
+    RedisBare,
     Naive,
     Multiplexed,
     Yield,
@@ -138,7 +141,7 @@ async fn serve(args: Args) {
                 .build()
                 .expect("layer"),
         ),
-        Variant::Redis => {
+        Variant::Redis | Variant::RedisBare => {
             let store = RedisStore::builder(&args.redis_url)
                 .connections(args.connections)
                 .build()
@@ -149,6 +152,9 @@ async fn serve(args: Args) {
                 .store(store);
             if args.no_deny_cache {
                 b = b.deny_cache(DenyCache::disabled());
+            }
+            if args.variant == Variant::RedisBare {
+                b = b.headers(HeaderStyle::None);
             }
             if let Some(ms) = args.store_timeout_ms {
                 b = b.store_timeout(Duration::from_millis(ms));

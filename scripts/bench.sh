@@ -2,7 +2,7 @@
 # End-to-end benchmark (issue 8): the axum hello world with no limiter (and
 # with no limiter but four constant rate-limit headers, what their bytes cost
 # by themselves), with tower_governor (without and with its rate-limit headers), with this crate
-# on memory (with and without headers) and on Redis, and with two
+# on memory and on Redis (each with and without headers), and with two
 # hand-written Redis limiters (one EVALSHA per request on a shared multiplexed
 # connection; on a connection checked out of a deadpool pool), side by side,
 # interleaved over rounds.
@@ -28,7 +28,7 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
 FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
-VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis multiplexed naive"}
+VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis redis-bare multiplexed naive"}
 APP_CPU=${APP_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 
@@ -186,12 +186,13 @@ for line in open(path):
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
 med = lambda xs: st.median(xs)
-order = [v for v in ["none", "none-headers", "governor", "governor-headers", "memory", "memory-bare", "redis", "multiplexed", "naive"] if v in sat]
+order = [v for v in ["none", "none-headers", "governor", "governor-headers", "memory", "memory-bare", "redis", "redis-bare", "multiplexed", "naive"] if v in sat]
 names = {"none": "no limiter", "none-headers": "no limiter, four constant x-ratelimit-* headers",
          "governor": "tower_governor 0.8 (memory)",
          "governor-headers": "tower_governor 0.8, use_headers() (2 headers)", "memory": "tower-ratelimit, memory",
          "memory-bare": "tower-ratelimit, memory, no headers",
          "redis": "tower-ratelimit, Redis",
+         "redis-bare": "tower-ratelimit, Redis, no headers",
          "multiplexed": "one shared multiplexed connection + EVALSHA per request",
          "naive": "naive deadpool + EVALSHA per request"}
 base = med([s[0] for s in sat["none"]]) if "none" in sat else None

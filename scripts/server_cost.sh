@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 REV=""
 [ -n "${1:-}" ] && REV=$(revision "$1")
-VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis multiplexed"}
+VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis redis-bare multiplexed"}
 
 install_missing "valgrind wrk redis-server" valgrind wrk redis-server redis-cli
 

@@ -8,6 +8,7 @@ use crate::limiter::{
     BoxFuture, Charged, Charging, KeySource, Limiter, Pending, PolicySource, RequestPolicy, Verdict,
 };
 use crate::quota::Policy;
+use crate::store::Wait;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
@@ -84,7 +85,8 @@ pin_project! {
         },
         // The store call is in flight.
         Charging {
-            fut: BoxFuture<Result<Decision, StoreError>>,
+            #[pin]
+            fut: Wait<Result<Decision, StoreError>>,
             waiting: Option<Waiting<S, B>>,
             pending: Option<Pending>,
         },
@@ -282,7 +284,7 @@ where
                     waiting,
                     pending,
                 } => {
-                    let result = ready!(fut.as_mut().poll(cx));
+                    let result = ready!(fut.poll(cx));
                     let pending = pending.take().expect("charge inputs kept");
                     match this.limiter.verdict(pending, result, this.charged) {
                         Verdict::Forward => {

@@ -12,7 +12,7 @@ use crate::key::{Key, KeyError, KeyExtractor};
 use crate::metrics::Metrics;
 use crate::quota::Policy;
 use crate::response::{self, Rejection};
-use crate::store::{Charge, MemoryStore, Namespace, Refund, Store, StoreFuture};
+use crate::store::{Charge, Inner, MemoryStore, Namespace, Refund, Store, StoreFuture, Wait};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Response, StatusCode};
@@ -164,10 +164,10 @@ pub(crate) enum Charging {
     /// The answer was there at once and is decided.
     Decided(Verdict),
     /// The store call is in flight; [`Limiter::verdict`] takes its answer.
-    /// Only the boxed future is kept: the request's future holds it while it
+    /// Only the running call is kept: the request's future holds it while it
     /// waits, and a [`StoreFuture`] (room for a `Decision`) would make that
     /// future larger for every request.
-    InFlight(BoxFuture<Result<Decision, StoreError>>, Pending),
+    InFlight(Wait<Result<Decision, StoreError>>, Pending),
 }
 
 /// What to do with a request once its key and policy are known and charged.
@@ -269,24 +269,26 @@ impl Limiter {
         // impl, so the answer is written straight into `fut`.
         let store: &dyn Store = &*self.store;
         let fut = store.charge(&self.call(&key, self.policy_of(&policy), cost, now_ms));
-        match fut {
+        match fut.inner {
             // Moved out by value: the answer is not copied out of an Option first.
-            StoreFuture::Ready(Some(result)) => {
+            Inner::Ready {
+                value: Some(result),
+            } => {
                 let p = pending(policy, Source::Store { started: None }, domain);
                 Charging::Decided(self.verdict(p, result, charged))
             }
             // A store that hands back a spent future is answered like one that
             // failed, not with a panic.
-            StoreFuture::Ready(None) => {
+            Inner::Ready { value: None } => {
                 let p = pending(policy, Source::Store { started: None }, domain);
                 let err =
                     StoreError::Protocol("the store returned an already completed future".into());
                 Charging::Decided(self.verdict(p, Err(err), charged))
             }
             // Only a call that has to wait is timed.
-            StoreFuture::Pending(fut) => {
+            Inner::Waiting { wait } => {
                 let started = Some(Instant::now());
-                Charging::InFlight(fut, pending(policy, Source::Store { started }, domain))
+                Charging::InFlight(wait, pending(policy, Source::Store { started }, domain))
             }
         }
     }

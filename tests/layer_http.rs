@@ -636,6 +636,13 @@ fn sixty_four_tasks_hammering_one_key_admit_exactly_the_quota() {
 /// A store that hands back an already completed future (a bug in a custom store).
 struct SpentStore;
 
+/// A future whose value was already taken.
+fn spent<T>(value: T) -> tower_ratelimit::store::StoreFuture<T> {
+    let mut fut = tower_ratelimit::store::StoreFuture::ready(value);
+    assert!(fut.now_or_never().is_some());
+    fut
+}
+
 impl tower_ratelimit::store::Store for SpentStore {
     fn charge(
         &self,
@@ -643,7 +650,7 @@ impl tower_ratelimit::store::Store for SpentStore {
     ) -> tower_ratelimit::store::StoreFuture<
         Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>,
     > {
-        tower_ratelimit::store::StoreFuture::Ready(None)
+        spent(Err(tower_ratelimit::StoreError::CircuitOpen))
     }
     fn refund(
         &self,
@@ -657,7 +664,7 @@ impl tower_ratelimit::store::Store for SpentStore {
     ) -> tower_ratelimit::store::StoreFuture<
         Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>,
     > {
-        tower_ratelimit::store::StoreFuture::Ready(None)
+        spent(Err(tower_ratelimit::StoreError::CircuitOpen))
     }
 }
 

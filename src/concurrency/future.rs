@@ -48,7 +48,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         // The store call is in flight.
-        Acquiring { fut: StoreFuture<Result<Occupancy, StoreError>> },
+        Acquiring { #[pin] fut: StoreFuture<Result<Occupancy, StoreError>> },
         // The inner service is answering.
         Inner { #[pin] fut: F },
         // The limiter answered; the inner service was not called.
@@ -132,7 +132,7 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Acquiring { fut } => {
-                    let result = ready!(Pin::new(fut).poll(cx));
+                    let result = ready!(fut.poll(cx));
                     let slot = this.slot.as_mut().expect("slot kept while acquiring");
                     match this.limiter.verdict(slot, this.started.take(), result) {
                         None => {

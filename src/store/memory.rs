@@ -444,7 +444,7 @@ impl Store for MemoryStore {
         // Built in place: the decision (144 bytes) is written where the caller
         // reads it, not copied out through each return.
         let mut out = StoreFuture::ready(Ok(Decision::building()));
-        if let StoreFuture::Ready(Some(result)) = &mut out {
+        if let Some(result) = out.ready_mut() {
             let failed = match result {
                 Ok(decision) => self.charge_now(call, decision).err(),
                 Err(_) => None,

@@ -24,10 +24,11 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Policy;
+use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 /// The limiter a call belongs to: one store can serve several layers, each in
@@ -88,56 +89,160 @@ pub struct Refund<'a> {
     pub decision: &'a Decision,
 }
 
-/// A store future: ready at once for the memory store (no allocation), boxed
-/// for network stores.
-pub enum StoreFuture<T> {
-    /// Already computed.
-    Ready(Option<T>),
-    /// Still running.
-    Pending(Pin<Box<dyn Future<Output = T> + Send + 'static>>),
+pin_project! {
+    /// A store future: ready at once for the memory store (no allocation),
+    /// boxed for network stores ([`StoreFuture::pending`]). The Redis store's
+    /// batched charges wait on their batch's reply in place, within their
+    /// budget, without a boxed future around it.
+    pub struct StoreFuture<T> {
+        #[pin]
+        pub(crate) inner: Inner<T>,
+    }
+}
+
+pin_project! {
+    /// What a [`StoreFuture`] holds.
+    #[project = InnerProj]
+    pub(crate) enum Inner<T> {
+        /// Already computed (`None` once taken).
+        Ready { value: Option<T> },
+        /// Still running.
+        Waiting { #[pin] wait: Wait<T> },
+    }
+}
+
+pin_project! {
+    /// A store call still running: what a request keeps while it waits
+    /// (without room for a ready value, so the request's future stays small).
+    #[project = WaitProj]
+    pub(crate) enum Wait<T> {
+        /// A boxed future (network stores).
+        Boxed { fut: Pin<Box<dyn Future<Output = T> + Send + 'static>> },
+        /// A reply to come on a channel (the Redis store's batched charges).
+        Reply { #[pin] reply: Reply<T> },
+    }
+}
+
+pin_project! {
+    /// A reply sent on a channel, awaited for at most `budget`.
+    pub(crate) struct Reply<T> {
+        rx: tokio::sync::oneshot::Receiver<T>,
+        #[pin]
+        deadline: tokio::time::Sleep,
+        budget: Duration,
+        // The answer when the budget runs out, or the sender is dropped unanswered.
+        fail: fn(StoreError) -> T,
+    }
 }
 
 impl<T> StoreFuture<T> {
     /// A future that is already complete.
     pub fn ready(value: T) -> Self {
-        StoreFuture::Ready(Some(value))
+        StoreFuture {
+            inner: Inner::Ready { value: Some(value) },
+        }
     }
 
     /// Boxes a pending future.
     pub fn pending(fut: impl Future<Output = T> + Send + 'static) -> Self {
-        StoreFuture::Pending(Box::pin(fut))
+        StoreFuture {
+            inner: Inner::Waiting {
+                wait: Wait::Boxed { fut: Box::pin(fut) },
+            },
+        }
+    }
+
+    /// The reply `rx` will carry, within `budget`: past it, `fail` of
+    /// [`StoreError::Timeout`]; if the sender is dropped unanswered (its
+    /// runtime shut down), `fail` of [`StoreError::Unavailable`].
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn reply(
+        rx: tokio::sync::oneshot::Receiver<T>,
+        budget: Duration,
+        fail: fn(StoreError) -> T,
+    ) -> Self {
+        StoreFuture {
+            inner: Inner::Waiting {
+                wait: Wait::Reply {
+                    reply: Reply {
+                        rx,
+                        deadline: tokio::time::sleep(budget),
+                        budget,
+                        fail,
+                    },
+                },
+            },
+        }
     }
 
     /// The value, if the future completed without awaiting.
     pub fn now_or_never(&mut self) -> Option<T> {
-        match self {
-            StoreFuture::Ready(v) => v.take(),
-            StoreFuture::Pending(_) => None,
+        match &mut self.inner {
+            Inner::Ready { value } => value.take(),
+            Inner::Waiting { .. } => None,
+        }
+    }
+
+    /// The value it was made ready with, to be written in place.
+    pub(crate) fn ready_mut(&mut self) -> Option<&mut T> {
+        match &mut self.inner {
+            Inner::Ready { value } => value.as_mut(),
+            Inner::Waiting { .. } => None,
         }
     }
 }
-
-impl<T> Unpin for StoreFuture<T> {}
 
 impl<T> Future for StoreFuture<T> {
     type Output = T;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match self.get_mut() {
-            StoreFuture::Ready(v) => {
-                Poll::Ready(v.take().expect("StoreFuture polled after completion"))
+        match self.project().inner.project() {
+            InnerProj::Ready { value } => {
+                Poll::Ready(value.take().expect("StoreFuture polled after completion"))
             }
-            StoreFuture::Pending(f) => f.as_mut().poll(cx),
+            InnerProj::Waiting { wait } => wait.poll(cx),
         }
+    }
+}
+
+impl<T> Future for Wait<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.project() {
+            WaitProj::Boxed { fut } => fut.as_mut().poll(cx),
+            WaitProj::Reply { reply } => reply.poll(cx),
+        }
+    }
+}
+
+/// Why a call whose reply never came fails: what was to send it was dropped.
+pub(crate) const REPLY_DROPPED: &str =
+    "the redis batch carrying this charge was dropped (runtime shutting down)";
+
+impl<T> Future for Reply<T> {
+    type Output = T;
+
+    // As `tokio::time::timeout` does: the reply first, then the deadline.
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.project();
+        if let Poll::Ready(reply) = Pin::new(this.rx).poll(cx) {
+            return Poll::Ready(
+                reply
+                    .unwrap_or_else(|_| (this.fail)(StoreError::Unavailable(REPLY_DROPPED.into()))),
+            );
+        }
+        ready!(this.deadline.poll(cx));
+        Poll::Ready((this.fail)(StoreError::Timeout(*this.budget)))
     }
 }
 
 impl<T> fmt::Debug for StoreFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreFuture::Ready(_) => f.write_str("StoreFuture::Ready"),
-            StoreFuture::Pending(_) => f.write_str("StoreFuture::Pending"),
-        }
+        f.write_str(match &self.inner {
+            Inner::Ready { .. } => "StoreFuture::Ready",
+            Inner::Waiting { .. } => "StoreFuture::Pending",
+        })
     }
 }
 
@@ -198,5 +303,83 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn failure_domains(&self) -> usize {
         (**self).failure_domains()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use tokio::sync::oneshot;
+    use tokio::time::Instant;
+
+    type Answer = Result<u32, StoreError>;
+
+    /// Polls `fut` once.
+    async fn poll_once(fut: Pin<&mut StoreFuture<Answer>>) -> Poll<Answer> {
+        let mut fut = Some(fut);
+        poll_fn(|cx| Poll::Ready(fut.take().expect("polled once").poll(cx))).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_that_comes_within_its_budget_is_the_answer() {
+        let (tx, rx) = oneshot::channel();
+        let mut fut = std::pin::pin!(StoreFuture::reply(rx, Duration::from_millis(50), Err));
+        assert!(poll_once(fut.as_mut()).await.is_pending());
+        tokio::time::advance(Duration::from_millis(49)).await;
+        assert!(poll_once(fut.as_mut()).await.is_pending());
+        tx.send(Ok(7)).unwrap();
+        assert!(matches!(poll_once(fut.as_mut()).await, Poll::Ready(Ok(7))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_reply_within_the_budget_is_a_timeout_naming_the_budget_when_it_runs_out() {
+        let (_tx, rx) = oneshot::channel::<Answer>();
+        let started = Instant::now();
+        // Paused time jumps to the deadline once nothing else can run.
+        let answer = StoreFuture::reply(rx, Duration::from_millis(50), Err).await;
+        assert!(
+            matches!(answer, Err(StoreError::Timeout(d)) if d == Duration::from_millis(50)),
+            "{answer:?}"
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_already_there_wins_over_a_deadline_already_past() {
+        let (tx, rx) = oneshot::channel();
+        let mut fut = std::pin::pin!(StoreFuture::reply(rx, Duration::from_millis(50), Err));
+        assert!(poll_once(fut.as_mut()).await.is_pending());
+        tokio::time::advance(Duration::from_millis(80)).await;
+        tx.send(Ok(7)).unwrap();
+        assert!(matches!(poll_once(fut.as_mut()).await, Poll::Ready(Ok(7))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sender_dropped_unanswered_is_unavailable_at_once() {
+        let (tx, rx) = oneshot::channel::<Answer>();
+        let fut = StoreFuture::reply(rx, Duration::from_secs(5), Err);
+        drop(tx);
+        let started = Instant::now();
+        let answer = fut.await;
+        assert!(
+            matches!(&answer, Err(StoreError::Unavailable(m)) if m == REPLY_DROPPED),
+            "{answer:?}"
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn only_a_ready_future_answers_without_awaiting_and_only_once() {
+        let mut ready = StoreFuture::<Answer>::ready(Ok(3));
+        assert!(matches!(ready.now_or_never(), Some(Ok(3))));
+        assert!(ready.now_or_never().is_none());
+        let mut boxed = StoreFuture::<Answer>::pending(async { Ok(4) });
+        assert!(boxed.now_or_never().is_none());
+        assert!(matches!(boxed.await, Ok(4)));
+        let (_tx, rx) = oneshot::channel::<Answer>();
+        assert!(StoreFuture::reply(rx, Duration::from_secs(1), Err)
+            .now_or_never()
+            .is_none());
     }
 }

@@ -80,10 +80,7 @@ impl Connections {
     pub(crate) async fn charge(&self, job: Job) -> JobReply {
         match self {
             Connections::Lanes(lanes) => lanes.submit(job).await.unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(
-                    "the redis batch carrying this charge was dropped (runtime shutting down)"
-                        .into(),
-                ))
+                Err(StoreError::Unavailable(crate::store::REPLY_DROPPED.into()))
             }),
             #[cfg(feature = "cluster")]
             Connections::Cluster(cluster) => {

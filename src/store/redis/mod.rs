@@ -589,8 +589,16 @@ impl Store for RedisStore {
             now: self.sent_now(call.now_ms),
             cost: call.cost,
         };
-        let inner = self.inner.clone();
         let budget = call.timeout;
+        // A batched charge waits on its reply in place. (The deadline is a
+        // tokio timer, made here: outside a runtime the call is made when
+        // first polled, as a boxed future.)
+        if let (Connections::Lanes(lanes), Ok(_)) =
+            (&self.inner.primary, tokio::runtime::Handle::try_current())
+        {
+            return StoreFuture::reply(lanes.submit(job), budget, Err);
+        }
+        let inner = self.inner.clone();
         StoreFuture::pending(async move { within(budget, inner.primary.charge(job)).await })
     }
 
