@@ -172,8 +172,7 @@ where
     ) {
         let cost = limiter.cost(&parts);
         let now = limiter.clock.now_ms();
-        let grpc = crate::grpc::is_grpc(&parts);
-        match limiter.charge(key, policy, cost, now, grpc, &mut self.charged) {
+        match limiter.charge(key, policy, cost, now, &parts, &mut self.charged) {
             // The memory store (or the deny cache) answers at once: decided without another poll.
             Charging::Decided(Verdict::Forward) => self.forward_now(service, parts, body),
             Charging::Decided(Verdict::Answer(res)) => self.answer(res),
@@ -242,12 +241,15 @@ where
                         Ok(Some((key, policy))) => {
                             let cost = this.limiter.cost(&waiting.parts);
                             let now = this.limiter.clock.now_ms();
-                            let grpc = crate::grpc::is_grpc(&waiting.parts);
                             let policy = RequestPolicy::Own(policy);
-                            match this
-                                .limiter
-                                .charge(key, policy, cost, now, grpc, this.charged)
-                            {
+                            match this.limiter.charge(
+                                key,
+                                policy,
+                                cost,
+                                now,
+                                &waiting.parts,
+                                this.charged,
+                            ) {
                                 Charging::Decided(Verdict::Forward) => {
                                     this.state.set(State::Inner {
                                         fut: waiting.forward(),
@@ -286,7 +288,8 @@ where
                 } => {
                     let result = ready!(fut.poll(cx));
                     let pending = pending.take().expect("charge inputs kept");
-                    match this.limiter.verdict(pending, result, this.charged) {
+                    let parts = &waiting.as_ref().expect("request kept while charging").parts;
+                    match this.limiter.verdict(parts, pending, result, this.charged) {
                         Verdict::Forward => {
                             let waiting = waiting.take().expect("request kept while charging");
                             this.state.set(State::Inner {

@@ -132,8 +132,6 @@ pub(crate) struct Pending {
     pub(crate) source: Source,
     /// The store's failure domain for the key (which breaker the answer counts for).
     pub(crate) domain: usize,
-    /// The request is a gRPC call: answer with gRPC statuses.
-    pub(crate) grpc: bool,
 }
 
 /// What the request was charged: enough to add headers and to refund.
@@ -221,7 +219,7 @@ impl Limiter {
         policy: RequestPolicy,
         cost: u64,
         now_ms: u64,
-        grpc: bool,
+        parts: &Parts,
         charged: &mut Option<Charged>,
     ) -> Charging {
         let pending = |policy, source, domain| Pending {
@@ -231,13 +229,12 @@ impl Limiter {
             now_ms,
             source,
             domain,
-            grpc,
         };
         #[cfg(feature = "redis")]
         if let Some(c) = &self.coordinator {
             let decision = c.decide(&key, self.policy_of(&policy), cost, now_ms);
             let p = pending(policy, Source::Coordinated, 0);
-            return Charging::Decided(self.verdict(p, Ok(decision), charged));
+            return Charging::Decided(self.verdict(parts, p, Ok(decision), charged));
         }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) = denials.check(&key, cost, now_ms) {
@@ -248,9 +245,8 @@ impl Limiter {
                     now_ms,
                     source: Source::DenyCache,
                     domain: 0,
-                    grpc,
                 };
-                return Charging::Decided(self.verdict(p, Ok(decision), charged));
+                return Charging::Decided(self.verdict(parts, p, Ok(decision), charged));
             }
         }
         let domain = (*self.store).failure_domain(&self.namespace, &key);
@@ -262,7 +258,8 @@ impl Limiter {
                 .set(BreakerState::HalfOpen as u8 as f64),
             Admit::Reject => {
                 let p = pending(policy, Source::Breaker, domain);
-                return Charging::Decided(self.verdict(p, Err(StoreError::CircuitOpen), charged));
+                let err = Err(StoreError::CircuitOpen);
+                return Charging::Decided(self.verdict(parts, p, err, charged));
             }
         }
         // Called on the `dyn Store` itself, not through `Arc`'s forwarding
@@ -275,7 +272,7 @@ impl Limiter {
                 value: Some(result),
             } => {
                 let p = pending(policy, Source::Store { started: None }, domain);
-                Charging::Decided(self.verdict(p, result, charged))
+                Charging::Decided(self.verdict(parts, p, result, charged))
             }
             // A store that hands back a spent future is answered like one that
             // failed, not with a panic.
@@ -283,7 +280,7 @@ impl Limiter {
                 let p = pending(policy, Source::Store { started: None }, domain);
                 let err =
                     StoreError::Protocol("the store returned an already completed future".into());
-                Charging::Decided(self.verdict(p, Err(err), charged))
+                Charging::Decided(self.verdict(parts, p, Err(err), charged))
             }
             // Only a call that has to wait is timed.
             Inner::Waiting { wait } => {
@@ -296,8 +293,11 @@ impl Limiter {
     /// Turns a store answer into what happens next; the rejection is built from
     /// this one answer only. What an admitted request was charged goes to
     /// `charged` (written in place: it is large, and this is the hot path).
+    /// `parts`, the request's head, says how to answer (gRPC or HTTP): only
+    /// looked at when answering, not on every admitted request.
     pub(crate) fn verdict(
         &self,
+        parts: &Parts,
         p: Pending,
         result: Result<Decision, StoreError>,
         charged: &mut Option<Charged>,
@@ -350,7 +350,7 @@ impl Limiter {
                 });
                 Verdict::Forward
             }
-            Ok(decision) => self.reject(p, decision),
+            Ok(decision) => self.reject(parts, p, decision),
             Err(StoreError::Full { retry_at_ms, .. }) => {
                 self.log.event(&self.log.store_error, || {
                     tracing::warn!(
@@ -361,16 +361,16 @@ impl Limiter {
                 m.store_error("full");
                 let wait = headers::ceil_secs(retry_at_ms.saturating_sub(p.now_ms));
                 Verdict::Answer(response::unavailable(
-                    p.grpc,
+                    grpc::is_grpc(parts),
                     wait,
                     "the rate limiter is tracking its maximum number of clients",
                 ))
             }
-            Err(err) => self.store_failed(p, err, charged),
+            Err(err) => self.store_failed(parts, p, err, charged),
         }
     }
 
-    fn reject(&self, p: Pending, decision: Decision) -> Verdict {
+    fn reject(&self, parts: &Parts, p: Pending, decision: Decision) -> Verdict {
         let m = self.metrics();
         let policy = self.policy_of(&p.policy);
         let name = policy
@@ -403,7 +403,7 @@ impl Limiter {
             decision: &decision,
             policy_name: &name,
         };
-        let mut res = if p.grpc {
+        let mut res = if grpc::is_grpc(parts) {
             let retry = rejection
                 .retry_after_secs()
                 .map(|_| decision.retry_after_ms().max(1));
@@ -415,7 +415,13 @@ impl Limiter {
         Verdict::Answer(res)
     }
 
-    fn store_failed(&self, p: Pending, err: StoreError, charged: &mut Option<Charged>) -> Verdict {
+    fn store_failed(
+        &self,
+        parts: &Parts,
+        p: Pending,
+        err: StoreError,
+        charged: &mut Option<Charged>,
+    ) -> Verdict {
         let m = self.metrics();
         m.store_error(err.kind());
         let policy = self.on_store_error;
@@ -430,7 +436,7 @@ impl Limiter {
             OnStoreError::FailClosed => {
                 m.fail_closed.increment(1);
                 Verdict::Answer(response::unavailable(
-                    p.grpc,
+                    grpc::is_grpc(parts),
                     1,
                     "the rate limiter cannot reach its store",
                 ))
@@ -463,9 +469,9 @@ impl Limiter {
                         });
                         Verdict::Forward
                     }
-                    Ok(decision) => self.reject(p, decision),
+                    Ok(decision) => self.reject(parts, p, decision),
                     Err(_) => Verdict::Answer(response::unavailable(
-                        p.grpc,
+                        grpc::is_grpc(parts),
                         1,
                         "the rate limiter cannot reach its store",
                     )),
