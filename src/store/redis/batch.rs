@@ -85,6 +85,17 @@ pub(crate) struct Queue {
     slots: Arc<Semaphore>,
     /// The lane's own socket while no runner needs it.
     parked: Option<Parked>,
+    /// The buffers the last runner on the lane's own socket grew, for the
+    /// next one: under load a runner ends every few batches (the queue and
+    /// its pipeline run dry) and another starts with the next request.
+    kept: Kept,
+}
+
+/// A runner's buffers, kept for the next runner of the lane.
+#[derive(Default)]
+struct Kept {
+    spare: Vec<Batch>,
+    reading: Reading,
 }
 
 impl Default for Queue {
@@ -94,6 +105,7 @@ impl Default for Queue {
             running: false,
             slots: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
             parked: None,
+            kept: Kept::default(),
         }
     }
 }
@@ -477,14 +489,23 @@ async fn run_wire(mut running: Running) {
         .endpoint()
         .expect("run_wire runs lanes with an endpoint");
     let wake = lanes.wake(lane);
-    let mut wire = lock(&lanes.queues()[lane])
-        .parked
-        .take()
-        .and_then(Wire::resume);
+    // Buffers reused from batch to batch, and from runner to runner: no
+    // large allocation per call.
+    let (
+        mut wire,
+        Kept {
+            mut spare,
+            reading: mut reply,
+        },
+    ) = {
+        let mut q = lock(&lanes.queues()[lane]);
+        (
+            q.parked.take().and_then(Wire::resume),
+            std::mem::take(&mut q.kept),
+        )
+    };
+    spare.reserve(BATCHES_IN_FLIGHT);
     let mut in_flight: VecDeque<Sent> = VecDeque::with_capacity(BATCHES_IN_FLIGHT);
-    // Buffers reused from batch to batch: no large allocation per call.
-    let mut spare: Vec<Batch> = Vec::with_capacity(BATCHES_IN_FLIGHT);
-    let mut reply = Reading::default();
     let timer = tokio::time::sleep(endpoint.response_timeout);
     tokio::pin!(timer);
     // Let every request that is ready to run join the first batch: one
@@ -497,6 +518,11 @@ async fn run_wire(mut running: Running) {
                 let mut q = lock(&lanes.queues()[lane]);
                 if q.waiting.is_empty() && in_flight.is_empty() {
                     q.parked = wire.take().and_then(Wire::park);
+                    spare.push(batch);
+                    q.kept = Kept {
+                        spare,
+                        reading: reply,
+                    };
                     q.running = false;
                     running.finished = true;
                     return;
