@@ -35,7 +35,7 @@ install_missing "valgrind redis-server redis-tools" valgrind redis-server redis-
 WORK=$(mktemp -d)
 SRV=""
 cleanup() {
-  [ -n "$SRV" ] && kill "$SRV" 2>/dev/null || true
+  if [ -n "$SRV" ]; then kill "$SRV" 2>/dev/null || true; fi
   wait 2>/dev/null || true
   rm -rf "$WORK"
 }
@@ -81,7 +81,7 @@ policy_args() {
 # Instructions redis-server runs per decision (tree, algorithm, requests per
 # call), into COUNT. Not called in $(...): the server's PID must reach cleanup.
 count() {
-  local tree=$1 alg=$2 per=${3%h} hot=${3//[0-9]/} port out sha calls i total key=rb:{__rand_int__}
+  local tree=$1 alg=$2 per=${3%h} hot=${3//[0-9]/} port out sha calls i total key='rb:{__rand_int__}'
   port=$(free_port)
   out=$WORK/cg.out
   rm -f "$out"*

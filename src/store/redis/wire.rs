@@ -284,8 +284,13 @@ pub(crate) fn parse(
             Reply::Error(String::from_utf8_lossy(head).into_owned()),
         ))),
         b'*' => {
-            let n = number(head)?;
-            for _ in 0..n.max(0) {
+            // `*-1` is RESP2's null array; no other negative length is valid.
+            let n = match number(head)? {
+                -1 => 0,
+                n if n < 0 => return Err(protocol("a negative array length")),
+                n => n,
+            };
+            for _ in 0..n {
                 match item(buf, at)? {
                     Some((v, next)) => {
                         values.push(v);
@@ -380,8 +385,10 @@ fn item(buf: &[u8], at: usize) -> Result<Option<(Value, usize)>, StoreError> {
         b':' => Value::Int(number(head)?),
         b'+' => Value::SimpleString(String::from_utf8_lossy(head).into_owned()),
         b'$' => {
-            let Ok(len) = usize::try_from(number(head)?) else {
-                return Ok(Some((Value::Nil, next)));
+            // `$-1` is RESP2's null bulk string; no other negative length is valid.
+            let len = match number(head)? {
+                -1 => return Ok(Some((Value::Nil, next))),
+                n => usize::try_from(n).map_err(|_| protocol("a negative bulk length"))?,
             };
             if len > MAX_BULK {
                 return Err(protocol("a bulk string over 64 MB"));
@@ -569,6 +576,23 @@ mod tests {
     fn an_empty_or_null_array_has_no_values() {
         assert_eq!(parsed(b"*0\r\n").unwrap().unwrap().2, vec![]);
         assert_eq!(parsed(b"*-1\r\n").unwrap().unwrap().2, vec![]);
+    }
+
+    #[test]
+    fn only_minus_one_is_a_null_length_and_other_negatives_are_malformed() {
+        assert_eq!(
+            parsed(b"*1\r\n$-1\r\n").unwrap().unwrap().2,
+            vec![Value::Nil]
+        );
+        for bad in [
+            &b"*-2\r\n"[..],
+            b"*-9223372036854775808\r\n",
+            b"*1\r\n$-2\r\n",
+            b"$-7\r\n",
+        ] {
+            let err = parsed(bad).expect_err(&String::from_utf8_lossy(bad));
+            assert_eq!(err.kind(), "protocol", "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]
