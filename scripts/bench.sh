@@ -7,7 +7,7 @@
 # connection; on a connection checked out of a deadpool pool), side by side,
 # interleaved over rounds.
 #
-#   scripts/bench.sh                      # ~16 minutes with the defaults
+#   scripts/bench.sh                      # ~18 minutes with the defaults
 #   ROUNDS=2 SECS=5 FIXED_SECS=5 scripts/bench.sh   # ~7 minutes
 #
 # The app runs with one tokio worker pinned to CPU $APP_CPU; wrk, the open-loop
