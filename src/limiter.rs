@@ -164,7 +164,9 @@ pub(crate) enum Charging {
     /// The store call is in flight; [`Limiter::verdict`] takes its answer.
     /// Only the running call is kept: the request's future holds it while it
     /// waits, and a [`StoreFuture`] (room for a `Decision`) would make that
-    /// future larger for every request.
+    /// future larger for every request. (The Redis store's reply and its
+    /// deadline do make it larger, by about a tokio `Sleep`: that costs less
+    /// than the boxed future around them did.)
     InFlight(Wait<Result<Decision, StoreError>>, Pending),
 }
 

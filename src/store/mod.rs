@@ -124,14 +124,25 @@ pin_project! {
 }
 
 pin_project! {
-    /// A reply sent on a channel, awaited for at most `budget`.
+    /// A reply sent on a channel, awaited for at most `budget` from the
+    /// first poll.
     pub(crate) struct Reply<T> {
         rx: tokio::sync::oneshot::Receiver<T>,
         #[pin]
-        deadline: tokio::time::Sleep,
+        deadline: Deadline,
         budget: Duration,
         // The answer when the budget runs out, or the sender is dropped unanswered.
         fail: fn(StoreError) -> T,
+    }
+}
+
+pin_project! {
+    /// A [`Reply`]'s timer, made on its first poll: by the runtime that polls
+    /// it, which may not be the one the call was made on.
+    #[project = DeadlineProj]
+    enum Deadline {
+        Unarmed,
+        Armed { #[pin] sleep: tokio::time::Sleep },
     }
 }
 
@@ -152,7 +163,7 @@ impl<T> StoreFuture<T> {
         }
     }
 
-    /// The reply `rx` will carry, within `budget`: past it, `fail` of
+    /// The reply `rx` will carry, within `budget` from the first poll: past it, `fail` of
     /// [`StoreError::Timeout`]; if the sender is dropped unanswered (its
     /// runtime shut down), `fail` of [`StoreError::Unavailable`].
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -166,7 +177,7 @@ impl<T> StoreFuture<T> {
                 wait: Wait::Reply {
                     reply: Reply {
                         rx,
-                        deadline: tokio::time::sleep(budget),
+                        deadline: Deadline::Unarmed,
                         budget,
                         fail,
                     },
@@ -225,14 +236,21 @@ impl<T> Future for Reply<T> {
 
     // As `tokio::time::timeout` does: the reply first, then the deadline.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let this = self.project();
+        let mut this = self.project();
         if let Poll::Ready(reply) = Pin::new(this.rx).poll(cx) {
             return Poll::Ready(
                 reply
                     .unwrap_or_else(|_| (this.fail)(StoreError::Unavailable(REPLY_DROPPED.into()))),
             );
         }
-        ready!(this.deadline.poll(cx));
+        if let DeadlineProj::Unarmed = this.deadline.as_mut().project() {
+            this.deadline.set(Deadline::Armed {
+                sleep: tokio::time::sleep(*this.budget),
+            });
+        }
+        if let DeadlineProj::Armed { sleep } = this.deadline.project() {
+            ready!(sleep.poll(cx));
+        }
         Poll::Ready((this.fail)(StoreError::Timeout(*this.budget)))
     }
 }
@@ -367,6 +385,24 @@ mod tests {
             "{answer:?}"
         );
         assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    /// The call may be made on one runtime (or none) and polled on another:
+    /// the timer belongs to the one that polls.
+    #[test]
+    fn the_deadline_is_made_by_the_runtime_that_polls() {
+        let (_tx, rx) = oneshot::channel::<Answer>();
+        let fut = StoreFuture::reply(rx, Duration::from_millis(50), Err);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let answer = rt.block_on(fut);
+        assert!(
+            matches!(answer, Err(StoreError::Timeout(d)) if d == Duration::from_millis(50)),
+            "{answer:?}"
+        );
     }
 
     #[tokio::test]
