@@ -228,7 +228,7 @@ impl<T> Future for Wait<T> {
 }
 
 /// Why a call whose reply never came fails: what was to send it was dropped.
-pub(crate) const REPLY_DROPPED: &str =
+const REPLY_DROPPED: &str =
     "the redis batch carrying this charge was dropped (runtime shutting down)";
 
 impl<T> Future for Reply<T> {

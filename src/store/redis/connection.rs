@@ -14,6 +14,7 @@
 use super::batch::{Job, JobReply, Queue};
 use super::wire::{Endpoint, Wire};
 use crate::error::StoreError;
+use crate::store::StoreFuture;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::{
     self, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Script, Value,
@@ -21,6 +22,7 @@ use deadpool_redis::redis::{
 use deadpool_redis::{Connection, Pool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 /// Checks a freshly made connection before it serves traffic.
@@ -73,23 +75,25 @@ impl Call<'_> {
 }
 
 impl Connections {
-    /// Charges `job`: queued to travel with concurrent charges on a lane
-    /// (see [`super::batch`]); on a cluster, sent alone to its key's node
-    /// (which pipelines it with other calls to that node). No time limit:
-    /// the caller bounds it.
-    pub(crate) async fn charge(&self, job: Job) -> JobReply {
+    /// Charges `job` within `budget`: queued to travel with concurrent
+    /// charges on a lane (see [`super::batch`]), waiting on its reply as
+    /// [`RedisStore::charge`](super::RedisStore) does inside a runtime; on a
+    /// cluster, sent alone to its key's node (which pipelines it with other
+    /// calls to that node).
+    pub(crate) async fn charge(&self, job: Job, budget: Duration) -> JobReply {
         match self {
-            Connections::Lanes(lanes) => lanes.submit(job).await.unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(crate::store::REPLY_DROPPED.into()))
-            }),
+            Connections::Lanes(lanes) => StoreFuture::reply(lanes.submit(job), budget, Err).await,
             #[cfg(feature = "cluster")]
             Connections::Cluster(cluster) => {
-                let jobs = std::slice::from_ref(&job);
-                let (script, cmd) = super::batch::command(jobs, false);
-                let reply: Vec<Value> = cluster.run(Call::Eval { script, cmd: &cmd }).await?;
-                super::batch::answers(&reply, jobs)?
-                    .pop()
-                    .expect("answers checked the length")
+                super::within(budget, async {
+                    let jobs = std::slice::from_ref(&job);
+                    let (script, cmd) = super::batch::command(jobs, false);
+                    let reply: Vec<Value> = cluster.run(Call::Eval { script, cmd: &cmd }).await?;
+                    super::batch::answers(&reply, jobs)?
+                        .pop()
+                        .expect("answers checked the length")
+                })
+                .await
             }
         }
     }

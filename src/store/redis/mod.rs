@@ -590,16 +590,17 @@ impl Store for RedisStore {
             cost: call.cost,
         };
         let budget = call.timeout;
-        // A batched charge waits on its reply in place. (The deadline is a
-        // tokio timer, made here: outside a runtime the call is made when
-        // first polled, as a boxed future.)
+        // Inside a runtime a batched charge is queued now (its lane's runner
+        // is spawned on that runtime) and waits on its reply in place, with
+        // no boxed future around it. Outside one it is queued when first
+        // polled; a cluster charge is sent alone.
         if let (Connections::Lanes(lanes), Ok(_)) =
             (&self.inner.primary, tokio::runtime::Handle::try_current())
         {
             return StoreFuture::reply(lanes.submit(job), budget, Err);
         }
         let inner = self.inner.clone();
-        StoreFuture::pending(async move { within(budget, inner.primary.charge(job)).await })
+        StoreFuture::pending(async move { inner.primary.charge(job, budget).await })
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
