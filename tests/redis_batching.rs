@@ -24,13 +24,17 @@ fn fixed(limit: u64) -> Policy {
     Policy::new(Quota::new(limit, Duration::from_secs(60)).unwrap())
 }
 
-/// One quota of `alg`, `limit` a minute.
-fn lone(alg: Algorithm, limit: u64) -> Policy {
-    let q = Quota::new(limit, Duration::from_secs(60))
+/// `limit` per `secs` seconds under `alg`.
+fn quota(alg: Algorithm, limit: u64, secs: u64) -> Quota {
+    Quota::new(limit, Duration::from_secs(secs))
         .unwrap()
         .with_algorithm(alg)
-        .unwrap();
-    Policy::new(q)
+        .unwrap()
+}
+
+/// One quota of `alg`, `limit` a minute.
+fn lone(alg: Algorithm, limit: u64) -> Policy {
+    Policy::new(quota(alg, limit, 60))
 }
 
 /// One request of a scripted sequence: (client, policy, ms after the
@@ -65,17 +69,10 @@ impl Sequence<'_> {
 
 /// A token bucket (burst 5) and a sliding log (6 a minute): two Redis keys per client.
 fn mixed() -> Policy {
-    let tb = Quota::new(1, Duration::from_secs(60))
+    let tb = quota(Algorithm::TokenBucket, 1, 60).burst(5).unwrap();
+    Policy::new(tb)
+        .and(quota(Algorithm::SlidingLog, 6, 60))
         .unwrap()
-        .with_algorithm(Algorithm::TokenBucket)
-        .unwrap()
-        .burst(5)
-        .unwrap();
-    let sl = Quota::new(6, Duration::from_secs(60))
-        .unwrap()
-        .with_algorithm(Algorithm::SlidingLog)
-        .unwrap();
-    Policy::new(tb).and(sl).unwrap()
 }
 
 /// One charge of `cost` for `key` at `now`.
@@ -644,33 +641,15 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
     let Some((server, store, now)) = started().await else {
         return;
     };
-    let two = {
-        let burst = Quota::new(2, Duration::from_secs(1))
-            .unwrap()
-            .with_algorithm(Algorithm::TokenBucket)
-            .unwrap()
-            .burst(4)
-            .unwrap();
-        Policy::new(Quota::new(6, Duration::from_secs(60)).unwrap())
-            .and(burst)
-            .unwrap()
-    };
+    let two = fixed(6)
+        .and(quota(Algorithm::TokenBucket, 2, 1).burst(4).unwrap())
+        .unwrap();
     // Two quotas without a log read and write through the generic path
     // (each algorithm's read/fits/reply/write), one quota through its step.
-    let gcra_and_sliding = {
-        let g = Quota::new(3, Duration::from_secs(1))
-            .unwrap()
-            .with_algorithm(Algorithm::Gcra)
-            .unwrap()
-            .burst(4)
-            .unwrap();
-        let s = Quota::new(7, Duration::from_secs(60))
-            .unwrap()
-            .with_algorithm(Algorithm::SlidingWindow)
-            .unwrap();
-        // GCRA second: its fields start after the sliding window's.
-        Policy::new(s).and(g).unwrap()
-    };
+    // GCRA second: its fields start after the sliding window's.
+    let gcra_and_sliding = lone(Algorithm::SlidingWindow, 7)
+        .and(quota(Algorithm::Gcra, 3, 1).burst(4).unwrap())
+        .unwrap();
     let policies = [
         fixed(5),
         lone(Algorithm::TokenBucket, 5),
