@@ -13,7 +13,9 @@
 //! `-remaining` on every response), `memory` and `redis`
 //! (this crate, per peer IP, GitHub-style headers on every response),
 //! `memory-bare` and `redis-bare` (this crate without headers, as
-//! tower_governor and the hand-written baselines), and two
+//! tower_governor and the hand-written baselines; all four answer in axum's
+//! own body type, `RateLimitLayer::inner_body`, as the README advises for
+//! axum), and two
 //! hand-written baselines, axum `from_fn` middlewares that send one `EVALSHA`
 //! of `benches/fixed_window_standalone.lua` per request: `naive` checks a
 //! connection out of a deadpool pool for each, `multiplexed` shares one
@@ -131,7 +133,8 @@ async fn serve(args: Args) {
                 .quota(quota)
                 .key(PeerIp::new())
                 .build()
-                .expect("layer"),
+                .expect("layer")
+                .inner_body(),
         ),
         Variant::MemoryBare => app.layer(
             RateLimitLayer::builder()
@@ -139,7 +142,8 @@ async fn serve(args: Args) {
                 .key(PeerIp::new())
                 .headers(HeaderStyle::None)
                 .build()
-                .expect("layer"),
+                .expect("layer")
+                .inner_body(),
         ),
         Variant::Redis | Variant::RedisBare => {
             let store = RedisStore::builder(&args.redis_url)
@@ -159,7 +163,7 @@ async fn serve(args: Args) {
             if let Some(ms) = args.store_timeout_ms {
                 b = b.store_timeout(Duration::from_millis(ms));
             }
-            app.layer(b.build().expect("layer"))
+            app.layer(b.build().expect("layer").inner_body())
         }
         Variant::Naive => {
             let cfg = deadpool_redis::Config::from_url(&args.redis_url);

@@ -16,7 +16,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limit = RateLimitLayer::builder()
         .quota(Quota::new(5, Duration::from_secs(10))?)
         .key(PeerIp::new())
-        .build()?;
+        .build()?
+        .inner_body(); // answer in axum's own body type: no second box per response
 
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))

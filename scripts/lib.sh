@@ -38,12 +38,18 @@ install_missing() { # "packages" command...
 
 # Builds the working tree's examples/NAME.rs against revision REV, checked
 # out in a new git worktree TREE (the caller removes it), into the cargo
-# target directory TARGET, with cargo ARGS.
+# target directory TARGET, with cargo ARGS. A revision older than
+# `RateLimitLayer::inner_body` builds it without that call: there, the
+# layer's responses can only be wrapped.
 build_at() { # rev tree name target [cargo args...]
   local rev=$1 tree=$2 name=$3 target=$4
   shift 4
   git worktree add --quiet --detach "$tree" "$rev"
   cp "examples/$name.rs" "$tree/examples/$name.rs"
+  if ! grep -q "fn inner_body" "$tree/src/layer.rs"; then
+    echo "$(basename "$0"): $rev has no inner_body(); its $name wraps response bodies" >&2
+    sed -i 's/\.inner_body()//' "$tree/examples/$name.rs"
+  fi
   (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --quiet --release --example "$name" "$@")
 }
 

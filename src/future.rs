@@ -1,6 +1,6 @@
 //! [`ResponseFuture`]: one request's path through the limiter.
 
-use crate::body::ResponseBody;
+use crate::body::{BodyMode, WrapBody};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::{Key, KeyError};
@@ -15,6 +15,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -58,8 +59,9 @@ where
 }
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit).
-    pub struct ResponseFuture<S, B>
+    /// The response future of [`RateLimit`](crate::RateLimit); `M` is its
+    /// [`BodyMode`].
+    pub struct ResponseFuture<S, B, M = WrapBody>
     where
         S: Service<Request<B>>,
     {
@@ -67,6 +69,7 @@ pin_project! {
         state: State<S, B, S::Future>,
         charged: Option<Charged>,
         limiter: Arc<Limiter>,
+        body: PhantomData<fn() -> M>,
     }
 }
 
@@ -97,7 +100,7 @@ pin_project! {
     }
 }
 
-impl<S, B, ResBody> ResponseFuture<S, B>
+impl<S, B, M, ResBody> ResponseFuture<S, B, M>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
 {
@@ -106,6 +109,7 @@ where
             state: State::Answered { res: None },
             charged: None,
             limiter: limiter.clone(),
+            body: PhantomData,
         };
         // Built in place: every step below writes into `this` through `&mut`,
         // so the (large) future is never moved between steps.
@@ -224,11 +228,12 @@ fn resolve_later(
     source
 }
 
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
+impl<S, B, M, ResBody> Future for ResponseFuture<S, B, M>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    M: BodyMode<ResBody>,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+    type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -305,18 +310,18 @@ where
                     if let Some(charged) = this.charged.take() {
                         this.limiter.finish(charged, head.status, &mut head.headers);
                     }
-                    return Poll::Ready(Ok(Response::from_parts(head, ResponseBody::inner(body))));
+                    return Poll::Ready(Ok(Response::from_parts(head, M::inner(body))));
                 }
                 StateProj::Answered { res } => {
                     let res = res.take().expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(res.map(ResponseBody::limiter)));
+                    return Poll::Ready(Ok(res.map(M::limiter)));
                 }
             }
         }
     }
 }
 
-impl<S, B> fmt::Debug for ResponseFuture<S, B>
+impl<S, B, M> fmt::Debug for ResponseFuture<S, B, M>
 where
     S: Service<Request<B>>,
 {

@@ -9,7 +9,8 @@
 //!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
 //!     .key(PeerIp::new())
 //!     .build()
-//!     .expect("valid configuration");
+//!     .expect("valid configuration")
+//!     .inner_body(); // answer in axum's own body type: no second box per response
 //! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(limit);
 //! ```
 //!
@@ -47,7 +48,7 @@ mod service;
 pub mod shed;
 pub mod store;
 
-pub use body::ResponseBody;
+pub use body::{BodyMode, InnerBody, ResponseBody, WrapBody};
 pub use breaker::CircuitBreaker;
 pub use concurrency::ConcurrencyLimitLayer;
 #[cfg(feature = "redis")]

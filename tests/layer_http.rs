@@ -681,3 +681,64 @@ async fn a_store_returning_a_spent_future_is_a_store_error_not_a_panic() {
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().get("x-ratelimit-remaining").is_none());
 }
+
+#[tokio::test]
+async fn inner_body_answers_exactly_as_the_wrapped_default_over_tcp() {
+    let clock = ManualClock::new(T0);
+    let window = Duration::from_secs(60);
+    let wrapped = TestServer::start(app().layer(layer(2, window, &clock))).await;
+    let inner = TestServer::start(app().layer(layer(2, window, &clock).inner_body())).await;
+    let client = HttpClient::new();
+    // Refunded, admitted twice, then rejected: for a 304 too.
+    let steps = [
+        ("/not-modified", StatusCode::NOT_MODIFIED),
+        ("/", StatusCode::OK),
+        ("/", StatusCode::OK),
+        ("/", StatusCode::TOO_MANY_REQUESTS),
+        ("/not-modified", StatusCode::TOO_MANY_REQUESTS),
+    ];
+    for (i, (path, status)) in steps.into_iter().enumerate() {
+        let mut w = client.get(&wrapped.url(path)).await;
+        let mut n = client.get(&inner.url(path)).await;
+        assert_eq!(n.status, status, "step {i}");
+        assert_eq!(w.status, status, "step {i}");
+        if status == StatusCode::NOT_MODIFIED {
+            assert_eq!(n.header_u64("x-ratelimit-remaining"), 2, "refunded");
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert!(n.body.contains("\"status\":429"), "{}", n.body);
+        }
+        // Written by hyper, per second: the one header that may differ.
+        w.headers.remove(http::header::DATE);
+        n.headers.remove(http::header::DATE);
+        assert_eq!(n.headers, w.headers, "step {i}");
+        assert_eq!(n.body, w.body, "step {i}");
+    }
+}
+
+#[tokio::test]
+async fn inner_body_answers_in_the_inner_services_own_body_type() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    let hello = tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
+    });
+    let limited = RateLimitLayer::builder()
+        .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+        .key(|_: &Parts| Key::global())
+        .build()
+        .unwrap()
+        .inner_body();
+    let svc = ServiceBuilder::new().layer(limited).service(hello);
+    // Annotated: this compiles only if the layer's responses carry `Full<Bytes>`.
+    let ok: http::Response<Full<Bytes>> =
+        svc.clone().oneshot(http::Request::new(())).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(ok.headers()["x-ratelimit-remaining"], "0");
+    assert_eq!(ok.into_body().collect().await.unwrap().to_bytes(), "hello");
+    let no: http::Response<Full<Bytes>> = svc.oneshot(http::Request::new(())).await.unwrap();
+    assert_eq!(no.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(no.headers()["content-type"], "application/problem+json");
+    let body = no.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.starts_with(b"{") && body.ends_with(b"}"), "{body:?}");
+}
