@@ -522,6 +522,45 @@ fn a_runtime_shut_down_mid_batch_leaves_the_store_usable_from_another() {
     );
 }
 
+/// A charge made where no runtime runs (plain code holding the store) is
+/// sent when a runtime first polls it, not before, and decides exactly as
+/// one made inside: the path `RedisStore::charge` takes without a runtime.
+#[test]
+fn a_charge_made_outside_a_runtime_is_sent_when_a_runtime_polls_it() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    let now = SystemClock.now_ms();
+    let (ns, p, key) = (Namespace::new("outside"), fixed(3), Key::new("k"));
+    let pending: Vec<_> = (0..4).map(|_| charge(&store, &ns, &key, &p, now)).collect();
+    assert!(
+        server.scan_keys("*").is_empty(),
+        "nothing is sent before a runtime polls"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let decided = rt.block_on(async {
+        let mut out = Vec::new();
+        for fut in pending {
+            out.push(fut.await.unwrap());
+        }
+        out
+    });
+    let remaining: Vec<u64> = decided.iter().map(|d| d.statuses()[0].remaining).collect();
+    assert_eq!(remaining, [2, 1, 0, 0]);
+    let allowed: Vec<bool> = decided.iter().map(Decision::is_allowed).collect();
+    assert_eq!(allowed, [true, true, true, false]);
+    assert_eq!(
+        server.scan_keys("*").len(),
+        1,
+        "one key, charged three times"
+    );
+}
+
 /// A user, password and database in the URL hold for charges too: they
 /// travel on the lane's own socket, which authenticates and selects the
 /// database itself (redis-rs does it for the other calls).

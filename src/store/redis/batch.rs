@@ -733,7 +733,19 @@ mod tests {
     #[test]
     fn the_resp_encoding_is_the_redis_rs_command_byte_for_byte() {
         let a = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
-        let jobs = [job("x", &a), job("x", &a), job("{z}", &a)];
+        // Arguments of every length class: empty (Redis' own time), one
+        // digit, two (the script's hash), three or more (a long key, the
+        // script's source).
+        let mut redis_time = job("y", &a);
+        redis_time.now = None;
+        let long = "k".repeat(150);
+        let jobs = [
+            job("x", &a),
+            job("x", &a),
+            job("{z}", &a),
+            redis_time,
+            job(&long, &a),
+        ];
         for source in [false, true] {
             let mut resp = Vec::new();
             encode(&jobs, source, &mut resp);

@@ -38,12 +38,25 @@ impl Args for Resp<'_> {
 
 impl RedisWrite for Resp<'_> {
     fn write_arg(&mut self, arg: &[u8]) {
-        let mut len = itoa::Buffer::new();
-        self.0.push(b'$');
-        self.0.extend_from_slice(len.format(arg.len()).as_bytes());
-        self.0.extend_from_slice(b"\r\n");
-        self.0.extend_from_slice(arg);
-        self.0.extend_from_slice(b"\r\n");
+        let out = &mut *self.0;
+        let n = arg.len();
+        out.reserve(n + 16);
+        out.push(b'$');
+        // Nearly every argument is under 100 bytes (numbers, keys, hashes):
+        // its length's digits are pushed as they are, not formatted.
+        if n < 10 {
+            out.push(b'0' + n as u8);
+        } else if n < 100 {
+            out.push(b'0' + (n / 10) as u8);
+            out.push(b'0' + (n % 10) as u8);
+        } else {
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        }
+        out.push(b'\r');
+        out.push(b'\n');
+        out.extend_from_slice(arg);
+        out.push(b'\r');
+        out.push(b'\n');
     }
 
     fn writer_for_next_arg(&mut self) -> impl Write + '_ {
