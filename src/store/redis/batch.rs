@@ -38,7 +38,7 @@ use super::connection::{Call, Lanes};
 use super::keys::HashKey;
 use super::reply::{self, Args, Resp};
 use super::scripts;
-use super::wire::{io_error, response_error, Parked, Reply, Wire};
+use super::wire::{io_error, response_error, Item, Parked, Reply, Wire};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::quota::Policy;
@@ -251,37 +251,76 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
     Ok(out)
 }
 
+/// An item of a charge script's reply, however it was read: a redis-rs
+/// value, or a lane's own [`Item`].
+trait Answer: std::fmt::Debug {
+    /// The item as a number, if it is one.
+    fn number(&self) -> Option<i64>;
+    /// The item as text (a request's error message).
+    fn text(&self) -> Option<String>;
+}
+
+impl Answer for Value {
+    fn number(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    fn text(&self) -> Option<String> {
+        String::from_redis_value_ref(self).ok()
+    }
+}
+
+impl Answer for Item {
+    fn number(&self) -> Option<i64> {
+        match self {
+            Item::Int(n) => Some(*n),
+            Item::Other(_) => None,
+        }
+    }
+
+    fn text(&self) -> Option<String> {
+        match self {
+            Item::Int(n) => Some(n.to_string()),
+            Item::Other(v) => v.text(),
+        }
+    }
+}
+
 /// [`answers`] into `out`, which a lane reuses from batch to batch.
-fn answers_into(reply: &[Value], jobs: &[Job], out: &mut Vec<JobReply>) -> Result<(), StoreError> {
+fn answers_into<T: Answer>(
+    reply: &[T],
+    jobs: &[Job],
+    out: &mut Vec<JobReply>,
+) -> Result<(), StoreError> {
     let bad = |why: &str| StoreError::Protocol(format!("charge script reply: {why}"));
     out.clear();
     let mut at = 0;
     for job in jobs {
-        match reply.get(at) {
-            Some(Value::Int(-1)) => {
-                let message = reply
-                    .get(at + 1)
-                    .and_then(|m| String::from_redis_value_ref(m).ok())
-                    .unwrap_or_default();
+        match reply.get(at).and_then(Answer::number) {
+            Some(-1) => {
+                let message = reply.get(at + 1).and_then(Answer::text).unwrap_or_default();
                 out.push(Err(response_error(message)));
                 at += 2;
             }
-            Some(Value::Int(k)) => {
-                let k = usize::try_from(*k).map_err(|_| bad("a negative length"))?;
+            Some(k) => {
+                let k = usize::try_from(k).map_err(|_| bad("a negative length"))?;
                 let block = reply
                     .get(at + 1..at + 1 + k)
                     .ok_or_else(|| bad("cut short"))?;
                 let mut nums = SmallVec::<[i64; 16]>::new();
                 for v in block {
-                    match v {
-                        Value::Int(n) => nums.push(*n),
-                        other => return Err(bad(&format!("{other:?} is not a number"))),
+                    match v.number() {
+                        Some(n) => nums.push(n),
+                        None => return Err(bad(&format!("{v:?} is not a number"))),
                     }
                 }
                 out.push(reply::decode(&job.policy, Some(job.cost), job.now, &nums));
                 at += 1 + k;
             }
-            _ => return Err(bad("fewer answers than requests")),
+            None => return Err(bad("fewer answers than requests")),
         }
     }
     if at != reply.len() {
@@ -628,7 +667,7 @@ fn readonly(answers: &[JobReply]) -> Option<StoreError> {
 /// What reading a lane's replies reuses from batch to batch.
 #[derive(Default)]
 struct Reading {
-    values: Vec<Value>,
+    values: Vec<Item>,
     answers: Vec<JobReply>,
 }
 
@@ -728,6 +767,56 @@ mod tests {
             .map(|r| r[0].as_str())
             .collect();
         assert_eq!(per_request, ["1", "0", "0", "1", "2", "1"]);
+    }
+
+    #[test]
+    fn a_lanes_own_items_answer_as_redis_rs_values_do() {
+        let a = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
+        let jobs = [job("x", &a), job("y", &a), job("z", &a), job("w", &a)];
+        // Per request, `k` and its numbers (allowed, now, then the fixed
+        // window's count and reset as read), or -1 and an error message.
+        let message = "WRONGTYPE not a hash";
+        let reply = [
+            ":4",
+            ":1",
+            ":1000",
+            ":0",
+            ":0",
+            ":-1",
+            &format!("${}\r\n{message}", message.len()),
+            ":4",
+            ":1",
+            ":1000",
+            ":2",
+            ":61000",
+            ":4",
+            ":0",
+            ":1000",
+            ":5",
+            ":61000",
+        ];
+        let mut buf = format!("*{}\r\n", reply.len()).into_bytes();
+        for r in reply {
+            buf.extend_from_slice(r.as_bytes());
+            buf.extend_from_slice(b"\r\n");
+        }
+        let (mut items, mut values) = (Vec::<Item>::new(), Vec::<Value>::new());
+        let whole = Some((buf.len(), Reply::Values));
+        assert_eq!(super::super::wire::parse(&buf, &mut items).unwrap(), whole);
+        assert_eq!(super::super::wire::parse(&buf, &mut values).unwrap(), whole);
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        answers_into(&items, &jobs, &mut ours).unwrap();
+        answers_into(&values, &jobs, &mut theirs).unwrap();
+        assert_eq!(format!("{ours:?}"), format!("{theirs:?}"));
+        let remaining = |r: &JobReply| match r {
+            Ok(d) => (d.is_allowed(), d.statuses()[0].remaining),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(remaining(&ours[0]), (true, 4));
+        assert_eq!(remaining(&ours[2]), (true, 2));
+        assert_eq!(remaining(&ours[3]), (false, 0));
+        let err = ours[1].as_ref().unwrap_err();
+        assert_eq!(err.to_string(), response_error(message.into()).to_string());
     }
 
     #[test]

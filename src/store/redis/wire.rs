@@ -194,9 +194,9 @@ impl Wire {
 
     /// The next whole reply read, if any: its values go into `values` (an
     /// array's items, or the one value of any other reply).
-    pub(crate) fn next_reply(
+    pub(crate) fn next_reply<T: Entry>(
         &mut self,
-        values: &mut Vec<Value>,
+        values: &mut Vec<T>,
     ) -> Result<Option<Reply>, StoreError> {
         match parse(&self.read, values)? {
             Some((used, reply)) => {
@@ -210,7 +210,7 @@ impl Wire {
     /// Sends `hello` and checks its `replies` replies (all must succeed).
     async fn handshake(&mut self, hello: Vec<u8>, replies: usize) -> Result<(), StoreError> {
         self.write = hello;
-        let mut values = Vec::new();
+        let mut values: Vec<Value> = Vec::new();
         let mut answered = 0;
         while answered < replies {
             if self.pending() {
@@ -242,6 +242,46 @@ pub(crate) enum Reply {
     Error(String),
 }
 
+/// One item of a reply, as a lane reads it: the charge script's replies are
+/// numbers, and now and then a request's error message, so a number is kept
+/// as it is (no general value to build and drop) and anything else boxed.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Item {
+    /// An integer.
+    Int(i64),
+    /// Any other value (a bulk or simple string, a null).
+    Other(Box<Value>),
+}
+
+/// What a parsed reply's items are collected as: redis-rs values, or a
+/// lane's compact [`Item`]s.
+pub(crate) trait Entry: Sized {
+    /// An integer item.
+    fn int(n: i64) -> Self;
+    /// Any other item.
+    fn other(v: Value) -> Self;
+}
+
+impl Entry for Value {
+    fn int(n: i64) -> Self {
+        Value::Int(n)
+    }
+
+    fn other(v: Value) -> Self {
+        v
+    }
+}
+
+impl Entry for Item {
+    fn int(n: i64) -> Self {
+        Item::Int(n)
+    }
+
+    fn other(v: Value) -> Self {
+        Item::Other(Box::new(v))
+    }
+}
+
 /// The store error for an error reply: its first word is the code.
 pub(crate) fn response_error(message: String) -> StoreError {
     StoreError::Response {
@@ -270,9 +310,9 @@ const MAX_BULK: usize = 64 << 20;
 /// Parses one whole RESP2 reply at the start of `buf`: `Ok(None)` if it is
 /// not all there yet, else the bytes it took and the reply. Arrays are flat
 /// (the charge script never nests them); a nested one is a protocol error.
-pub(crate) fn parse(
+pub(crate) fn parse<T: Entry>(
     buf: &[u8],
-    values: &mut Vec<Value>,
+    values: &mut Vec<T>,
 ) -> Result<Option<(usize, Reply)>, StoreError> {
     values.clear();
     let Some((head, mut at)) = line(buf, 0)? else {
@@ -372,22 +412,22 @@ fn int_line(buf: &[u8], at: usize) -> Option<(i64, usize)> {
 }
 
 /// One array item (or a lone non-array reply) at `at`.
-fn item(buf: &[u8], at: usize) -> Result<Option<(Value, usize)>, StoreError> {
+fn item<T: Entry>(buf: &[u8], at: usize) -> Result<Option<(T, usize)>, StoreError> {
     if buf.get(at) == Some(&b':') {
         if let Some((n, next)) = int_line(buf, at) {
-            return Ok(Some((Value::Int(n), next)));
+            return Ok(Some((T::int(n), next)));
         }
     }
     let Some((head, next)) = line(buf, at)? else {
         return Ok(None);
     };
     let v = match buf[at] {
-        b':' => Value::Int(number(head)?),
+        b':' => return Ok(Some((T::int(number(head)?), next))),
         b'+' => Value::SimpleString(String::from_utf8_lossy(head).into_owned()),
         b'$' => {
             // `$-1` is RESP2's null bulk string; no other negative length is valid.
             let len = match number(head)? {
-                -1 => return Ok(Some((Value::Nil, next))),
+                -1 => return Ok(Some((T::other(Value::Nil), next))),
                 n => usize::try_from(n).map_err(|_| protocol("a negative bulk length"))?,
             };
             if len > MAX_BULK {
@@ -400,7 +440,7 @@ fn item(buf: &[u8], at: usize) -> Result<Option<(Value, usize)>, StoreError> {
                 return Err(protocol("a bulk string not ended by CRLF"));
             }
             return Ok(Some((
-                Value::BulkString(body[..len].to_vec()),
+                T::other(Value::BulkString(body[..len].to_vec())),
                 next + len + 2,
             )));
         }
@@ -408,7 +448,7 @@ fn item(buf: &[u8], at: usize) -> Result<Option<(Value, usize)>, StoreError> {
         b'-' => return Err(protocol("an error inside an array")),
         other => return Err(protocol(&format!("an unknown type byte {other:#04x}"))),
     };
-    Ok(Some((v, next)))
+    Ok(Some((T::other(v), next)))
 }
 
 #[cfg(test)]
