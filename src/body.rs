@@ -108,6 +108,10 @@ pub struct WrapBody;
 /// without boxing it again, which [`WrapBody`]'s `ResponseBody<Body>` costs
 /// on every response. Choose it with
 /// [`RateLimitLayer::inner_body`](crate::RateLimitLayer::inner_body).
+///
+/// Some answers have no body (a gRPC answer is headers only): they are made
+/// with `B::from(Bytes::new())`, which must be an empty body that has ended
+/// (`is_end_stream`), as it is for axum's `Body` and for `Full`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InnerBody;
 

@@ -78,7 +78,15 @@ impl RateLimitLayer {
     /// its own `Body`, so the default mode costs one allocation and one
     /// indirection per response (about 2% of a hello world's CPU, see the
     /// README's Performance). Headers, refunds and answers are the same in
-    /// both modes. The limiter is shared with `self`, as with a clone.
+    /// both modes. The returned layer keeps this one's limiter: its clones
+    /// and this layer's other clones limit together.
+    ///
+    /// The inner service is what the layer wraps: with axum's
+    /// `Router::layer` that is always a route, whose body is axum's. In a
+    /// `ServiceBuilder`, a layer below this one that wraps bodies in a type
+    /// of its own (such as this crate's `ConcurrencyLimitLayer`) makes the
+    /// stack fail to compile here (its body is not `From<Bytes>`): keep the
+    /// default mode there.
     ///
     /// ```
     /// use std::num::NonZeroU32;
@@ -93,6 +101,7 @@ impl RateLimitLayer {
     ///     .route("/", axum::routing::get(|| async { "ok" }))
     ///     .layer(layer);
     /// ```
+    #[must_use]
     pub fn inner_body(self) -> RateLimitLayer<InnerBody> {
         RateLimitLayer {
             limiter: self.limiter,
@@ -249,6 +258,7 @@ impl<M> fmt::Debug for RateLimitLayer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("name", &self.limiter.namespace.name())
+            .field("body", &std::any::type_name::<M>())
             .field("headers", &self.limiter.headers)
             .field("on_store_error", &self.limiter.on_store_error)
             .field("store_timeout", &self.limiter.store_timeout)

@@ -77,6 +77,7 @@ impl<S: fmt::Debug, M> fmt::Debug for RateLimit<S, M> {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
             .field("limiter", &self.limiter.namespace.name())
+            .field("body", &std::any::type_name::<M>())
             .finish()
     }
 }

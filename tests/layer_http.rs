@@ -742,3 +742,33 @@ async fn inner_body_answers_in_the_inner_services_own_body_type() {
     let body = no.into_body().collect().await.unwrap().to_bytes();
     assert!(body.starts_with(b"{") && body.ends_with(b"}"), "{body:?}");
 }
+
+#[tokio::test]
+async fn a_grpc_answer_is_headers_only_in_either_body_mode() {
+    use http_body::Body as _;
+    let limited = || {
+        RateLimitLayer::builder()
+            .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+            .key(|_: &Parts| Key::global())
+            .build()
+            .unwrap()
+    };
+    let grpc = || {
+        http::Request::post("/")
+            .header("content-type", "application/grpc")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let wrapped = app().layer(limited());
+    let inner = app().layer(limited().inner_body());
+    wrapped.clone().oneshot(grpc()).await.unwrap();
+    inner.clone().oneshot(grpc()).await.unwrap();
+    let w = wrapped.oneshot(grpc()).await.unwrap();
+    let n = inner.oneshot(grpc()).await.unwrap();
+    for res in [&w, &n] {
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["grpc-status"], "8");
+        assert!(res.body().is_end_stream());
+        assert_eq!(res.body().size_hint().exact(), Some(0));
+    }
+}

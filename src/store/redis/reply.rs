@@ -271,3 +271,23 @@ pub(super) fn decode(
     }
     Ok(decision)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_argument_of_any_length_is_framed_as_redis_rs_frames_it() {
+        // Every length class of `write_arg`: 0, the one- and two-digit
+        // edges (9, 10, 99) and the formatted lengths from 100 on.
+        for n in 0..=1000 {
+            let arg = vec![b'a'; n];
+            let mut ours = Vec::new();
+            Resp(&mut ours).arg(&arg[..]);
+            let mut cmd = Cmd::new();
+            cmd.arg(&arg[..]);
+            // redis-rs's packed command is `*1\r\n` and then the argument's frame.
+            assert_eq!(ours, cmd.get_packed_command()[4..], "length {n}");
+        }
+    }
+}
