@@ -125,14 +125,20 @@ fn script_internal(entries: &[MonitorEntry], name: &str) -> usize {
 /// A server and a store with default settings, warmed up, and the time to
 /// charge at; `None` when Redis is not installed (outside CI).
 async fn started() -> Option<(RedisServer, RedisStore, u64)> {
+    let (server, store, now) = cold()?;
+    warm(&store, now).await;
+    Some((server, store, now))
+}
+
+/// A server and a store with default settings, not yet used, and the time
+/// to charge at; `None` when Redis is not installed (outside CI).
+fn cold() -> Option<(RedisServer, RedisStore, u64)> {
     if !require_redis() {
         return None;
     }
     let server = RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
-    warm(&store, now).await;
-    Some((server, store, now))
+    Some((server, store, SystemClock.now_ms()))
 }
 
 /// Warms a store up: its connection open and the script loaded.
@@ -471,12 +477,9 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
 
 #[test]
 fn a_runtime_shut_down_mid_batch_leaves_the_store_usable_from_another() {
-    if !require_redis() {
+    let Some((server, store, now)) = cold() else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
+    };
     let (ns, p) = (Namespace::new("runtimes"), fixed(10));
     let first = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -527,12 +530,9 @@ fn a_runtime_shut_down_mid_batch_leaves_the_store_usable_from_another() {
 /// one made inside: the path `RedisStore::charge` takes without a runtime.
 #[test]
 fn a_charge_made_outside_a_runtime_is_sent_when_a_runtime_polls_it() {
-    if !require_redis() {
+    let Some((server, store, now)) = cold() else {
         return;
-    }
-    let server = RedisServer::start();
-    let store = RedisStore::new(server.url()).unwrap();
-    let now = SystemClock.now_ms();
+    };
     let (ns, p, key) = (Namespace::new("outside"), fixed(3), Key::new("k"));
     let pending: Vec<_> = (0..4).map(|_| charge(&store, &ns, &key, &p, now)).collect();
     assert!(

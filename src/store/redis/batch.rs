@@ -38,11 +38,11 @@ use super::connection::{Call, Lanes};
 use super::keys::HashKey;
 use super::reply::{self, Args, Resp};
 use super::scripts;
-use super::wire::{io_error, response_error, Item, Parked, Reply, Wire};
+use super::wire::{io_error, response_error, Entry, Item, Parked, Reply, Wire};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::quota::Policy;
-use deadpool_redis::redis::{Cmd, FromRedisValue, Script, Value};
+use deadpool_redis::redis::{Cmd, Script, Value};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -251,46 +251,8 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
     Ok(out)
 }
 
-/// An item of a charge script's reply, however it was read: a redis-rs
-/// value, or a lane's own [`Item`].
-trait Answer: std::fmt::Debug {
-    /// The item as a number, if it is one.
-    fn number(&self) -> Option<i64>;
-    /// The item as text (a request's error message).
-    fn text(&self) -> Option<String>;
-}
-
-impl Answer for Value {
-    fn number(&self) -> Option<i64> {
-        match self {
-            Value::Int(n) => Some(*n),
-            _ => None,
-        }
-    }
-
-    fn text(&self) -> Option<String> {
-        String::from_redis_value_ref(self).ok()
-    }
-}
-
-impl Answer for Item {
-    fn number(&self) -> Option<i64> {
-        match self {
-            Item::Int(n) => Some(*n),
-            Item::Other(_) => None,
-        }
-    }
-
-    fn text(&self) -> Option<String> {
-        match self {
-            Item::Int(n) => Some(n.to_string()),
-            Item::Other(v) => v.text(),
-        }
-    }
-}
-
 /// [`answers`] into `out`, which a lane reuses from batch to batch.
-fn answers_into<T: Answer>(
+fn answers_into<T: Entry>(
     reply: &[T],
     jobs: &[Job],
     out: &mut Vec<JobReply>,
@@ -299,9 +261,9 @@ fn answers_into<T: Answer>(
     out.clear();
     let mut at = 0;
     for job in jobs {
-        match reply.get(at).and_then(Answer::number) {
+        match reply.get(at).and_then(Entry::number) {
             Some(-1) => {
-                let message = reply.get(at + 1).and_then(Answer::text).unwrap_or_default();
+                let message = reply.get(at + 1).and_then(Entry::text).unwrap_or_default();
                 out.push(Err(response_error(message)));
                 at += 2;
             }

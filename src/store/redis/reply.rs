@@ -40,7 +40,6 @@ impl RedisWrite for Resp<'_> {
     fn write_arg(&mut self, arg: &[u8]) {
         let out = &mut *self.0;
         let n = arg.len();
-        out.reserve(n + 16);
         out.push(b'$');
         // Nearly every argument is under 100 bytes (numbers, keys, hashes):
         // its length's digits are pushed as they are, not formatted.

@@ -253,13 +253,17 @@ pub(crate) enum Item {
     Other(Box<Value>),
 }
 
-/// What a parsed reply's items are collected as: redis-rs values, or a
-/// lane's compact [`Item`]s.
-pub(crate) trait Entry: Sized {
+/// What a parsed reply's items are collected as, and read back as: redis-rs
+/// values, or a lane's compact [`Item`]s.
+pub(crate) trait Entry: Sized + std::fmt::Debug {
     /// An integer item.
     fn int(n: i64) -> Self;
     /// Any other item.
     fn other(v: Value) -> Self;
+    /// The item as a number, if it is one.
+    fn number(&self) -> Option<i64>;
+    /// The item as text (a request's error message).
+    fn text(&self) -> Option<String>;
 }
 
 impl Entry for Value {
@@ -270,6 +274,17 @@ impl Entry for Value {
     fn other(v: Value) -> Self {
         v
     }
+
+    fn number(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    fn text(&self) -> Option<String> {
+        redis::FromRedisValue::from_redis_value_ref(self).ok()
+    }
 }
 
 impl Entry for Item {
@@ -279,6 +294,20 @@ impl Entry for Item {
 
     fn other(v: Value) -> Self {
         Item::Other(Box::new(v))
+    }
+
+    fn number(&self) -> Option<i64> {
+        match self {
+            Item::Int(n) => Some(*n),
+            Item::Other(_) => None,
+        }
+    }
+
+    fn text(&self) -> Option<String> {
+        match self {
+            Item::Int(n) => Some(n.to_string()),
+            Item::Other(v) => v.text(),
+        }
     }
 }
 
