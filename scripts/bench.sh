@@ -13,7 +13,7 @@
 # The app runs with one tokio worker pinned to CPU $APP_CPU; wrk, the open-loop
 # load generator (examples/loadgen.rs) and redis-server share CPU $LOAD_CPU.
 # Per variant and round it records wrk's throughput and p50/p99, the app's CPU
-# per request (/proc/PID/stat utime+stime), Redis round trips per request
+# per request, in user and kernel time (/proc/PID/stat utime, stime), Redis round trips per request
 # (INFO commandstats: EVALSHA, EVAL, PING, UNWATCH, SCRIPT — what clients send;
 # commands run inside scripts are not round trips) and Redis CPU per request
 # (INFO cpu). Then fixed-rate runs at half and a quarter of the no-limiter
@@ -63,7 +63,8 @@ TCK=$(getconf CLK_TCK)
 # CPU steal (time the hypervisor gave to other guests) over the whole run.
 steal_ticks() { awk '/^cpu / {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 read -r STEAL0 TOTAL0 < <(steal_ticks)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The app's user and kernel CPU ticks (utime, stime).
+cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 redis_cmds() {
   rcli INFO commandstats | tr -d '\r' |
@@ -106,10 +107,10 @@ saturate() { # round variant
   local r=$1 v=$2
   start_server "$v"
   taskset -c "$LOAD_CPU" wrk -t2 -c"$CONNS" -d1s "http://$SRV_ADDR/" >/dev/null # warm up
-  local c0 rc0 rq0 c1 rc1 rq1
-  c0=$(cpu_ticks "$SRV_PID"); rc0=$(redis_cpu); rq0=$(redis_cmds)
+  local u0 s0 rc0 rq0 u1 s1 rc1 rq1
+  read -r u0 s0 < <(cpu_ticks "$SRV_PID"); rc0=$(redis_cpu); rq0=$(redis_cmds)
   taskset -c "$LOAD_CPU" wrk -t2 -c"$CONNS" -d"${SECS}s" --latency "http://$SRV_ADDR/" >"$WORK/wrk.txt"
-  c1=$(cpu_ticks "$SRV_PID"); rc1=$(redis_cpu); rq1=$(redis_cmds)
+  read -r u1 s1 < <(cpu_ticks "$SRV_PID"); rc1=$(redis_cpu); rq1=$(redis_cmds)
   stop_server
   local reqs rps p50 p99 non2xx
   reqs=$(awk '/requests in/ {print $1}' "$WORK/wrk.txt")
@@ -117,9 +118,12 @@ saturate() { # round variant
   p50=$(to_us "$(awk '$1 == "50%" {print $2}' "$WORK/wrk.txt")")
   p99=$(to_us "$(awk '$1 == "99%" {print $2}' "$WORK/wrk.txt")")
   non2xx=$(awk '/Non-2xx/ {print $NF}' "$WORK/wrk.txt")
-  echo "sat $r $v $rps $p50 $p99 $(awk -v a="$c0" -v b="$c1" -v n="$reqs" -v t="$TCK" 'BEGIN {printf "%.2f", (b - a) / t * 1e6 / n}') \
+  per_req() { awk -v a="$1" -v b="$2" -v n="$reqs" -v t="$TCK" 'BEGIN {printf "%.2f", (b - a) / t * 1e6 / n}'; }
+  # Fields: rps p50 p99 cpu cmds redis-cpu non-2xx user kernel (µs a request).
+  echo "sat $r $v $rps $p50 $p99 $(per_req $((u0 + s0)) $((u1 + s1))) \
 $(awk -v a="$rq0" -v b="$rq1" -v n="$reqs" 'BEGIN {printf "%.3f", (b - a) / n}') \
-$(awk -v a="$rc0" -v b="$rc1" -v n="$reqs" 'BEGIN {printf "%.2f", (b - a) * 1e6 / n}') ${non2xx:-0}" | tee -a "$RESULTS" >&2
+$(awk -v a="$rc0" -v b="$rc1" -v n="$reqs" 'BEGIN {printf "%.2f", (b - a) * 1e6 / n}') ${non2xx:-0} \
+$(per_req "$u0" "$u1") $(per_req "$s0" "$s1")" | tee -a "$RESULTS" >&2
 }
 
 fixed() { # round variant rate
@@ -177,7 +181,7 @@ sat, fix, ham = {}, {}, []
 for line in open(path):
     f = line.split()
     if f[0] == "sat":
-        sat.setdefault(f[2], []).append([float(x) for x in f[3:10]])
+        sat.setdefault(f[2], []).append([float(x) for x in f[3:12]])
     elif f[0] == "fixed":
         kv = dict(x.split("=") for x in f[4:])
         fix.setdefault(int(f[3]), {}).setdefault(f[2], []).append((float(kv["p50_us"]), float(kv["p99_us"]),
@@ -200,7 +204,7 @@ print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -
       f"fixed rate: examples/loadgen.rs for {fsecs}s. Medians over rounds. "
       f"CPU steal during the run: {steal}% (time the hypervisor gave to other guests; "
       f"above a few percent, latencies and absolute rates are the host's, not the code's).\n")
-print("| variant | req/s | × no limiter | p50 | p99 | app CPU µs/req | Redis cmds/req | Redis CPU µs/req |")
+print("| variant | req/s | × no limiter | p50 | p99 | app CPU µs/req (user + kernel) | Redis cmds/req | Redis CPU µs/req |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for v in order:
     s = sat[v]
@@ -209,7 +213,8 @@ for v in order:
     non2xx = sum(x[6] for x in s)
     note = f" ({int(non2xx)} non-2xx)" if non2xx else ""
     print(f"| {names[v]}{note} | {rps:,.0f} | {ratio} | {med([x[1] for x in s]) / 1000:.2f} ms | "
-          f"{med([x[2] for x in s]) / 1000:.2f} ms | {med([x[3] for x in s]):.1f} | "
+          f"{med([x[2] for x in s]) / 1000:.2f} ms | {med([x[3] for x in s]):.1f} "
+          f"({med([x[7] for x in s]):.1f} + {med([x[8] for x in s]):.1f}) | "
           f"{med([x[4] for x in s]):.2f} | {med([x[5] for x in s]):.1f} |")
 if "none" in sat and len(sat["none"]) > 1:
     # Each round against that round's no-limiter rate: the host's speed moves
@@ -220,11 +225,16 @@ if "none" in sat and len(sat["none"]) > 1:
     for v in order[1:]:
         rs = [x[0] / b[0] for x, b in zip(sat[v], sat["none"])]
         print(f"| {names[v]} | " + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
-    if "memory" in sat and "none-headers" in sat:
-        # Like for like: the limiter's own cost, the headers' bytes on both sides.
-        rs = [x[0] / b[0] for x, b in zip(sat["memory"], sat["none-headers"])]
-        print(f"| {names['memory']}, against the no-limiter app sending four constant headers | "
-              + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
+    # Like for like, each round against a variant that does the same kind of
+    # work: the headers' bytes on both sides; no headers on either side.
+    for v, against, label in [
+            ("memory", "none-headers", "the no-limiter app sending four constant headers"),
+            ("memory-bare", "governor", "tower_governor (neither sends headers)"),
+            ("redis-bare", "multiplexed", "the multiplexed EVALSHA limiter (neither sends headers)")]:
+        if v in sat and against in sat:
+            rs = [x[0] / b[0] for x, b in zip(sat[v], sat[against])]
+            print(f"| {names[v]}, against {label} | "
+                  + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
 rates = sorted(fix, reverse=True)
 if rates:
     print()
