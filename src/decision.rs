@@ -26,7 +26,44 @@ pub struct QuotaStatus {
     pub window_id: u64,
     /// `reset_ms` as it would be had this charge not been made (a refund, or
     /// another quota rejecting the request).
-    pub(crate) uncharged_reset_ms: Option<u64>,
+    pub(crate) uncharged_reset_ms: MaybeMs,
+}
+
+/// A time in Unix ms, or none, in 8 bytes: `u64::MAX`, which no reset
+/// reaches, is none. An `Option<u64>` takes 16, which made a
+/// [`QuotaStatus`] 64 bytes and a [`Decision`] (and a store's
+/// `Result<Decision, StoreError>`) over 128: the compiler copies a value of
+/// up to 128 bytes with a few register moves and anything larger with a
+/// call to `memcpy`, and a Redis store's decision is moved about six times
+/// on its way from the reply to the response.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MaybeMs(u64);
+
+impl MaybeMs {
+    /// No time.
+    pub(crate) const NONE: MaybeMs = MaybeMs(u64::MAX);
+
+    /// `ms` (none if it is `u64::MAX`, a time no clock reaches).
+    pub(crate) fn some(ms: u64) -> Self {
+        MaybeMs(ms)
+    }
+
+    /// The time, if there is one.
+    pub(crate) fn get(self) -> Option<u64> {
+        (self.0 != u64::MAX).then_some(self.0)
+    }
+}
+
+impl Default for MaybeMs {
+    fn default() -> Self {
+        MaybeMs::NONE
+    }
+}
+
+impl std::fmt::Debug for MaybeMs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
 }
 
 impl QuotaStatus {
@@ -152,5 +189,62 @@ impl Decision {
             .map(|s| s.retry_after_ms)
             .max()
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::StoreError;
+
+    #[test]
+    fn a_decision_and_a_stores_answer_fit_in_128_bytes() {
+        // What the compiler copies with register moves rather than a call to
+        // memcpy (see MaybeMs); a Redis charge's answer is moved about six
+        // times between its reply and its response.
+        assert!(std::mem::size_of::<QuotaStatus>() <= 56);
+        assert!(std::mem::size_of::<Decision>() <= 128);
+        assert!(std::mem::size_of::<Result<Decision, StoreError>>() <= 128);
+    }
+
+    #[test]
+    fn an_uncharged_reset_is_a_time_or_none() {
+        assert_eq!(MaybeMs::default().get(), None);
+        assert_eq!(MaybeMs::NONE.get(), None);
+        assert_eq!(MaybeMs::some(0).get(), Some(0));
+        assert_eq!(
+            MaybeMs::some(1_796_051_584_123).get(),
+            Some(1_796_051_584_123)
+        );
+        assert_eq!(QuotaStatus::default().uncharged_reset_ms, MaybeMs::NONE);
+        // Debug reads as the Option it stands for.
+        let s = QuotaStatus {
+            uncharged_reset_ms: MaybeMs::some(5),
+            ..QuotaStatus::default()
+        };
+        assert!(
+            format!("{s:?}").contains("uncharged_reset_ms: Some(5)"),
+            "{s:?}"
+        );
+        assert!(format!("{:?}", QuotaStatus::default()).contains("uncharged_reset_ms: None"));
+    }
+
+    #[test]
+    fn a_refund_restores_the_reset_before_the_charge_only_when_there_is_one() {
+        let charged = QuotaStatus {
+            limit: 10,
+            remaining: 3,
+            reset_ms: 2_000,
+            uncharged_reset_ms: MaybeMs::some(1_500),
+            ..QuotaStatus::default()
+        };
+        let r = crate::algorithm::refunded_status(charged, 2);
+        assert_eq!((r.remaining, r.reset_ms), (5, 1_500));
+        let without = QuotaStatus {
+            uncharged_reset_ms: MaybeMs::NONE,
+            ..charged
+        };
+        let r = crate::algorithm::refunded_status(without, 2);
+        assert_eq!((r.remaining, r.reset_ms), (5, 2_000));
     }
 }

@@ -80,7 +80,7 @@ fn status_of(s: State, limit: u64, now: u64, allowed: bool, cost: u64) -> QuotaS
         },
         allowed,
         window_id: s.reset_ms,
-        uncharged_reset_ms: Some(s.reset_ms),
+        uncharged_reset_ms: crate::decision::MaybeMs::some(s.reset_ms),
     }
 }
 

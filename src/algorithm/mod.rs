@@ -220,7 +220,7 @@ pub(crate) fn refund(
 /// capped at the limit, and the reset is the one before the charge.
 pub(crate) fn refunded_status(mut status: QuotaStatus, cost: u64) -> QuotaStatus {
     status.remaining = status.remaining.saturating_add(cost).min(status.limit);
-    if let Some(reset) = status.uncharged_reset_ms {
+    if let Some(reset) = status.uncharged_reset_ms.get() {
         status.reset_ms = reset;
     }
     status

@@ -114,7 +114,7 @@ impl Rate {
             allowed,
             // When the bucket would be full again had nothing else been charged.
             window_id: reset_ms,
-            uncharged_reset_ms: Some(now + self.ms_to_refill(d)),
+            uncharged_reset_ms: crate::decision::MaybeMs::some(now + self.ms_to_refill(d)),
         };
         (status, after)
     }

@@ -128,7 +128,7 @@ pub(crate) fn charge(
         allowed,
         // The entry this charge is logged in.
         window_id: now,
-        uncharged_reset_ms: Some(reset(newest)),
+        uncharged_reset_ms: crate::decision::MaybeMs::some(reset(newest)),
     }
 }
 

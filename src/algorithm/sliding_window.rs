@@ -82,7 +82,7 @@ pub(crate) fn charge(
         retry_after_ms,
         allowed,
         window_id: s.start_ms,
-        uncharged_reset_ms: Some(reset(&s, window_ms, now)),
+        uncharged_reset_ms: crate::decision::MaybeMs::some(reset(&s, window_ms, now)),
     };
     (status, next)
 }
