@@ -6,7 +6,7 @@
 # within about 1% from run to run (the Redis variant too, though how many
 # requests share a script call depends on timing). They leave out the kernel
 # (a system call counts as one instruction), which for this hello world is
-# about twice the user-space count (README, "The whole server, in
+# about twice the user-space count (docs/performance.md, "The whole server, in
 # instructions"), so a ratio here is a bound the throughput ratio stays
 # above, not a prediction of it.
 #

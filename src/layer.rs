@@ -76,8 +76,8 @@ impl RateLimitLayer {
     ///
     /// For axum, recommended: axum boxes every response body that is not
     /// its own `Body`, so the default mode costs one allocation and one
-    /// indirection per response (about 2% of a hello world's CPU, see the
-    /// README's Performance). Headers, refunds and answers are the same in
+    /// indirection per response (about 2% of a hello world's CPU; the
+    /// repository's `docs/performance.md`). Headers, refunds and answers are the same in
     /// both modes. The returned layer keeps this one's limiter: its clones
     /// and this layer's other clones limit together.
     ///
