@@ -77,7 +77,8 @@ per_request() { # bin variant
     --store-timeout-ms 10000 >"$log" 2>&1 &
   vp=$!
   echo "$vp" >>"$PIDS"
-  for _ in $(seq 300); do
+  # Up to 60 s: valgrind starts slowly when the host is busy.
+  for _ in $(seq 600); do
     grep -q '^listening on' "$log" && break
     kill -0 "$vp" 2>/dev/null || break
     sleep 0.1
