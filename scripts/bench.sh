@@ -206,8 +206,9 @@ names = {"none": "no limiter", "none-headers": "no limiter, four constant x-rate
          "multiplexed": "one shared multiplexed connection + EVALSHA per request",
          "naive": "naive deadpool + EVALSHA per request"}
 base = med([s[0] for s in sat["none"]]) if "none" in sat else None
+fixed_note = f"fixed rate: examples/loadgen.rs for {fsecs}s. " if fix else ""
 print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -c{conns} -d{secs}s; "
-      f"fixed rate: examples/loadgen.rs for {fsecs}s. Medians over rounds. "
+      f"{fixed_note}Medians over rounds. "
       f"CPU steal during the run: {steal}% (time the hypervisor gave to other guests; "
       f"above a few percent, latencies and absolute rates are the host's, not the code's).\n")
 print("| variant | req/s | × no limiter | p50 | p99 | app CPU µs/req (user + kernel) | Redis cmds/req | Redis CPU µs/req |")
