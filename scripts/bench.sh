@@ -18,7 +18,7 @@
 # commands run inside scripts are not round trips) and Redis CPU per request
 # (INFO cpu). Then fixed-rate runs at half and a quarter of the no-limiter
 # throughput (FIXED_FRACTIONS) report the latency each limiter adds when not
-# saturated, and a hammering client
+# saturated, and (when VARIANTS has redis or redis-bare) a hammering client
 # (everything rejected) shows Redis commands per rejection with and without
 # the deny cache. Prints Markdown tables of medians, with ratios to the
 # no-limiter baseline of the same run, and of each round to its own baseline.
@@ -169,13 +169,15 @@ done
 
 # The hammering client runs against the Redis variant: only when a Redis
 # variant is in the run.
-case " $VARIANTS " in
-*" redis "* | *" redis-bare "*)
+HAMMER=""
+for v in $VARIANTS; do
+  case $v in redis | redis-bare) HAMMER=1 ;; esac
+done
+if [ -n "$HAMMER" ]; then
   echo "hammering client: quota 10/min, wrk -c16 3s" >&2
   hammer "deny cache on"
   hammer "deny cache off" --no-deny-cache
-  ;;
-esac
+fi
 
 read -r STEAL1 TOTAL1 < <(steal_ticks)
 STEAL=$(awk -v a="$STEAL0" -v b="$STEAL1" -v c="$TOTAL0" -v d="$TOTAL1" 'BEGIN {printf "%.1f", (b - a) * 100 / (d - c)}')

@@ -216,6 +216,8 @@ mod tests {
             MaybeMs::some(1_796_051_584_123).get(),
             Some(1_796_051_584_123)
         );
+        // The one time it cannot hold: u64::MAX, which no clock reaches, is none.
+        assert_eq!(MaybeMs::some(u64::MAX).get(), None);
         assert_eq!(QuotaStatus::default().uncharged_reset_ms, MaybeMs::NONE);
         // Debug reads as the Option it stands for.
         let s = QuotaStatus {
