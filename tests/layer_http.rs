@@ -32,6 +32,15 @@ fn get_req(path: &str) -> http::Request<axum::body::Body> {
         .unwrap()
 }
 
+/// One request a minute for everyone (the global key), on the system clock.
+fn one_a_minute() -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+        .key(|_: &Parts| Key::global())
+        .build()
+        .unwrap()
+}
+
 fn layer(limit: u64, window: Duration, clock: &ManualClock) -> RateLimitLayer {
     RateLimitLayer::builder()
         .quota(Quota::new(limit, window).unwrap())
@@ -723,13 +732,9 @@ async fn inner_body_answers_in_the_inner_services_own_body_type() {
     let hello = tower::service_fn(|_: http::Request<()>| async {
         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
     });
-    let limited = RateLimitLayer::builder()
-        .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
-        .key(|_: &Parts| Key::global())
-        .build()
-        .unwrap()
-        .inner_body();
-    let svc = ServiceBuilder::new().layer(limited).service(hello);
+    let svc = ServiceBuilder::new()
+        .layer(one_a_minute().inner_body())
+        .service(hello);
     // Annotated: this compiles only if the layer's responses carry `Full<Bytes>`.
     let ok: http::Response<Full<Bytes>> =
         svc.clone().oneshot(http::Request::new(())).await.unwrap();
@@ -746,21 +751,14 @@ async fn inner_body_answers_in_the_inner_services_own_body_type() {
 #[tokio::test]
 async fn a_grpc_answer_is_headers_only_in_either_body_mode() {
     use http_body::Body as _;
-    let limited = || {
-        RateLimitLayer::builder()
-            .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
-            .key(|_: &Parts| Key::global())
-            .build()
-            .unwrap()
-    };
     let grpc = || {
         http::Request::post("/")
             .header("content-type", "application/grpc")
             .body(axum::body::Body::empty())
             .unwrap()
     };
-    let wrapped = app().layer(limited());
-    let inner = app().layer(limited().inner_body());
+    let wrapped = app().layer(one_a_minute());
+    let inner = app().layer(one_a_minute().inner_body());
     wrapped.clone().oneshot(grpc()).await.unwrap();
     inner.clone().oneshot(grpc()).await.unwrap();
     let w = wrapped.oneshot(grpc()).await.unwrap();

@@ -9,7 +9,7 @@
 //! `cost <= burst && d + cost * unit <= capacity` (`capacity = burst * unit`).
 //! Every value stays below 2^53, so `lua/rate.lua` computes the same numbers.
 
-use crate::decision::QuotaStatus;
+use crate::decision::{MaybeMs, QuotaStatus};
 use crate::quota::MAX_LIMIT;
 
 /// A rate in fine units.
@@ -114,7 +114,7 @@ impl Rate {
             allowed,
             // When the bucket would be full again had nothing else been charged.
             window_id: reset_ms,
-            uncharged_reset_ms: crate::decision::MaybeMs::some(now + self.ms_to_refill(d)),
+            uncharged_reset_ms: MaybeMs::some(now + self.ms_to_refill(d)),
         };
         (status, after)
     }
