@@ -21,7 +21,10 @@
 # saturated, and (when VARIANTS has redis or redis-bare) a hammering client
 # (everything rejected) shows Redis commands per rejection with and without
 # the deny cache. Prints Markdown tables of medians, with ratios to the
-# no-limiter baseline of the same run, and of each round to its own baseline.
+# no-limiter baseline of the same run, and of each round to its own baseline,
+# then each of issue 8's targets with what this run measured for it and
+# whether it was met (a target whose variants did not run is left out).
+# .ci/run runs it once, short, to show it still runs and reports every target.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -30,7 +33,8 @@ FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
 VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis redis-bare multiplexed naive"}
 APP_CPU=${APP_CPU:-0}
-LOAD_CPU=${LOAD_CPU:-1}
+# One core: everything shares it (a smoke run, not a measurement).
+LOAD_CPU=${LOAD_CPU:-$(($(nproc) > 1 ? 1 : 0))}
 
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
@@ -270,4 +274,56 @@ print()  # a table ends at a blank line
 for label, reqs, non2xx, cmds in ham:
     print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
           f"{int(cmds)} Redis commands ({cmds / max(non2xx, 1):.4f} per rejected request).")
+
+# Issue 8's targets, each from what this run measured. A variant that did not
+# run leaves its target out; every measured variant must meet a target for
+# "met", and "met ... only" names those that do when only some do.
+def round_ratios(v, against="none"):
+    if v not in sat or against not in sat:
+        return None
+    return med([x[0] / b[0] for x, b in zip(sat[v], sat[against])])
+def verdict(values, ok):
+    good = [label for label, x in values if ok(x)]
+    if len(good) == len(values):
+        return "met"
+    return f"met {' and '.join(good)} only" if good else "missed"
+def target(name, values, ok, show):
+    values = [(label, x) for label, x in values if x is not None]
+    if values:
+        shown = "; ".join(f"{label} {show(x)}" for label, x in values)
+        targets.append((name, shown, verdict(values, ok)))
+targets = []
+both = lambda with_h, without: [("with headers", with_h), ("without headers", without)]
+target("memory store ≥ 0.97× of no limiter", both(round_ratios("memory"), round_ratios("memory-bare")),
+       lambda x: round(x, 2) >= 0.97, lambda x: f"{x:.2f}×")
+target("memory store not below tower_governor (neither sending headers)",
+       [("without headers", round_ratios("memory-bare", "governor"))],
+       lambda x: round(x, 2) >= 1.0, lambda x: f"{x:.2f}× of tower_governor")
+target("Redis store ≥ 0.7× of no limiter", both(round_ratios("redis"), round_ratios("redis-bare")),
+       lambda x: round(x, 2) >= 0.7, lambda x: f"{x:.2f}×")
+redis_med = lambda v, i: med([x[i] for x in sat[v]]) if v in sat else None
+target("≤ 6 µs of Redis CPU per decision", both(redis_med("redis", 5), redis_med("redis-bare", 5)),
+       lambda x: x <= 6, lambda x: f"{x:.1f} µs")
+half = [r for r in rates if base and abs(r - base / 2) <= base * 0.01]
+def added_p99(v):
+    if not half or v not in fix[half[0]] or "none" not in fix[half[0]]:
+        return None
+    fx = fix[half[0]][v]
+    if med([x[3] / x[4] for x in fx]) < 0.97 or sum(x[2] for x in fx):
+        return float("inf")
+    return (med([x[1] for x in fx]) - med([x[1] for x in fix[half[0]]["none"]])) / 1000
+target(f"≤ 0.5 ms added p99 at half load ({half[0]:,} req/s)" if half else "≤ 0.5 ms added p99 at half load",
+       both(added_p99("redis"), added_p99("redis-bare")), lambda x: x <= 0.5,
+       lambda x: "overloaded" if x == float("inf") else f"{x:+.2f} ms")
+target("≤ 1 Redis command per request", both(redis_med("redis", 4), redis_med("redis-bare", 4)),
+       lambda x: x <= 1, lambda x: f"{x:.2f}")
+on = [cmds / max(non2xx, 1) for label, reqs, non2xx, cmds in ham if label == "deny cache on"]
+target("hammering client, deny cache on: Redis commands per rejection near 0 (below 0.001)",
+       [("measured", on[0] if on else None)], lambda x: x < 0.001, lambda x: f"{x:.4f}")
+if targets:
+    print("\nIssue 8's targets, from this run (ratios are medians of each round against its own baseline):\n")
+    print("| target | measured | verdict |")
+    print("|---|---|---|")
+    for name, shown, result in targets:
+        print(f"| {name} | {shown} | {result} |")
 EOF
