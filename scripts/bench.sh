@@ -33,6 +33,10 @@ FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
 VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis redis-bare multiplexed naive"}
 APP_CPU=${APP_CPU:-0}
+# Environment assignments for every app variant alike, e.g.
+# APP_ENV=GLIBC_TUNABLES=glibc.malloc.tcache_count=256 (see the README's
+# Redis capacity arithmetic).
+APP_ENV=${APP_ENV:-}
 # One core: everything shares it (a smoke run, not a measurement).
 LOAD_CPU=${LOAD_CPU:-$(($(nproc) > 1 ? 1 : 0))}
 
@@ -80,7 +84,8 @@ SRV_ADDR=""
 start_server() { # variant [extra args...]
   local v=$1
   shift
-  taskset -c "$APP_CPU" "$BIN/bench_server" --variant "$v" --listen 127.0.0.1:0 --workers 1 \
+  # shellcheck disable=SC2086 # APP_ENV: one word per assignment
+  env $APP_ENV taskset -c "$APP_CPU" "$BIN/bench_server" --variant "$v" --listen 127.0.0.1:0 --workers 1 \
     --redis-url "redis://127.0.0.1:$RPORT" "$@" >"$WORK/srv.out" 2>"$WORK/srv.err" &
   SRV_PID=$!
   PIDS+=("$SRV_PID")
@@ -186,6 +191,7 @@ fi
 read -r STEAL1 TOTAL1 < <(steal_ticks)
 STEAL=$(awk -v a="$STEAL0" -v b="$STEAL1" -v c="$TOTAL0" -v d="$TOTAL1" 'BEGIN {printf "%.1f", (b - a) * 100 / (d - c)}')
 MACHINE="$(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(uname -sr), $(redis-server --version | awk '{print $1, $2, $3}')"
+[ -z "$APP_ENV" ] || MACHINE="$MACHINE; every app ran with $APP_ENV"
 python3 - "$RESULTS" "$MACHINE" "$ROUNDS" "$SECS" "$FIXED_SECS" "$CONNS" "$STEAL" <<'EOF'
 import sys, statistics as st
 path, machine, rounds, secs, fsecs, conns, steal = sys.argv[1:]

@@ -30,8 +30,11 @@ install_missing() { # "packages" command...
   for c in "$@"; do
     command -v "$c" >/dev/null 2>&1 && continue
     echo "$(basename "$0"): installing $pkgs with apt" >&2
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
     # shellcheck disable=SC2086 # one word per package
-    apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+      "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null
     return
   done
 }

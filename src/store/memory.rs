@@ -441,7 +441,7 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        // Built in place: the decision (144 bytes) is written where the caller
+        // Built in place: the decision (128 bytes) is written where the caller
         // reads it, not copied out through each return.
         let mut out = StoreFuture::ready(Ok(Decision::building()));
         if let Some(result) = out.ready_mut() {
