@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Shared by scripts/bench.sh, scripts/script_cost.sh, scripts/layer_cost.sh
-# and scripts/server_cost.sh (sourced, not run).
+# Shared by scripts/test.sh, scripts/bench.sh, scripts/script_cost.sh,
+# scripts/layer_cost.sh and scripts/server_cost.sh (sourced, not run).
 
 # A 127.0.0.1 TCP port nothing listens on (never Redis's default 6379).
 free_port() {
@@ -22,19 +22,54 @@ revision() {
   echo "$rev"
 }
 
-# Installs the Debian packages PACKAGES (one word, space-separated) with apt
-# unless every command named after them is there already.
+# Installs Debian PACKAGES with apt-get (through sudo when not root), without
+# letting their maintainer scripts start a service (redis-server's would
+# listen on 6379, which nothing here uses). Fails, saying why, when it cannot.
+apt_install() { # package...
+  local me sudo=()
+  me=$(basename "$0")
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo=(sudo)
+    else
+      echo "$me: not root and no sudo: cannot install $*" >&2
+      return 1
+    fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "$me: no apt-get: install $* yourself" >&2
+    return 1
+  fi
+  # Only if no policy is in place already.
+  local policy=/usr/sbin/policy-rc.d added_policy=0
+  if [ ! -e "$policy" ]; then
+    if printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null &&
+      "${sudo[@]}" chmod 755 "$policy"; then
+      added_policy=1
+    fi
+  fi
+  local rc=0
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends "$@" || rc=$?
+  fi
+  if [ "$added_policy" -eq 1 ]; then
+    "${sudo[@]}" rm -f "$policy"
+  fi
+  return "$rc"
+}
+
+# Installs the Debian packages PACKAGES (one word, space-separated) with
+# apt_install unless every command named after them is there already.
 install_missing() { # "packages" command...
   local pkgs=$1 c
   shift
   for c in "$@"; do
     command -v "$c" >/dev/null 2>&1 && continue
     echo "$(basename "$0"): installing $pkgs with apt" >&2
-    local sudo=()
-    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
     # shellcheck disable=SC2086 # one word per package
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-      "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null
+    apt_install $pkgs >&2
     return
   done
 }

@@ -15,6 +15,8 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 is_ci() {
   case "${CI:-}" in
@@ -27,44 +29,9 @@ have() { command -v "$1" >/dev/null 2>&1; }
 
 have_redis() { have redis-server && have redis-cli; }
 
-install_redis() {
-  local sudo=()
-  if [ "$(id -u)" -ne 0 ]; then
-    if have sudo; then
-      sudo=(sudo)
-    else
-      echo "test.sh: not root and no sudo: cannot install redis-server/redis-tools" >&2
-      return 1
-    fi
-  fi
-  if ! have apt-get; then
-    echo "test.sh: no apt-get: install redis-server and redis-cli yourself" >&2
-    return 1
-  fi
-  # Keep the package's maintainer scripts from starting the system redis
-  # service (tests never use it); only if no policy is in place already.
-  local policy=/usr/sbin/policy-rc.d added_policy=0
-  if [ ! -e "$policy" ]; then
-    if printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null &&
-      "${sudo[@]}" chmod 755 "$policy"; then
-      added_policy=1
-    fi
-  fi
-  local rc=0
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q || rc=$?
-  if [ "$rc" -eq 0 ]; then
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -q --no-install-recommends redis-server redis-tools || rc=$?
-  fi
-  if [ "$added_policy" -eq 1 ]; then
-    "${sudo[@]}" rm -f "$policy"
-  fi
-  return "$rc"
-}
-
 if ! have_redis; then
   echo "==> redis-server/redis-cli not found: installing redis-server redis-tools (apt-get)"
-  install_redis || echo "test.sh: installing redis failed" >&2
+  apt_install redis-server redis-tools || echo "test.sh: installing redis failed" >&2
 fi
 
 if have_redis; then
