@@ -25,7 +25,12 @@ for line in open(path):
     elif f[0] == "hammer":
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
-med = lambda xs: st.median(xs)
+med = st.median
+def per_round(v, against="none"):
+    """V's rate over AGAINST's, round by round (None when either did not run)."""
+    if v not in sat or against not in sat:
+        return None
+    return [x[0] / b[0] for x, b in zip(sat[v], sat[against])]
 order = [v for v in ["none", "none-headers", "governor", "governor-headers", "memory", "memory-bare", "redis", "redis-bare", "multiplexed", "naive"] if v in sat]
 names = {"none": "no limiter", "none-headers": "no limiter, four constant x-ratelimit-* headers",
          "governor": "tower_governor 0.8 (memory)",
@@ -60,7 +65,7 @@ if "none" in sat and len(sat["none"]) > 1:
     print("| variant | × no limiter, round by round | median of the rounds |")
     print("|---|---|---:|")
     for v in order[1:]:
-        rs = [x[0] / b[0] for x, b in zip(sat[v], sat["none"])]
+        rs = per_round(v)
         print(f"| {names[v]} | " + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
     # Like for like, each round against a variant that does the same kind of
     # work: the headers' bytes on both sides; no headers on either side.
@@ -68,11 +73,24 @@ if "none" in sat and len(sat["none"]) > 1:
             ("memory", "none-headers", "the no-limiter app sending four constant headers"),
             ("memory-bare", "governor", "tower_governor (neither sends headers)"),
             ("redis-bare", "multiplexed", "the multiplexed EVALSHA limiter (neither sends headers)")]:
-        if v in sat and against in sat:
-            rs = [x[0] / b[0] for x, b in zip(sat[v], sat[against])]
+        rs = per_round(v, against)
+        if rs:
             print(f"| {names[v]}, against {label} | "
                   + ", ".join(f"{r:.2f}" for r in rs) + f" | {med(rs):.2f}× |")
 rates = sorted(fix, reverse=True)
+OVERLOADED = float("inf")
+def added_p99(v, r):
+    """V's p99 over no limiter's at rate R in ms, OVERLOADED when V could not
+    keep up (its latencies are then queueing, not the limiter's), None when
+    either did not run."""
+    fx = fix[r].get(v)
+    if not fx:
+        return None
+    if med([x[3] / x[4] for x in fx]) < 0.97 or sum(x[2] for x in fx):
+        return OVERLOADED
+    if "none" not in fix[r]:
+        return None
+    return (med([x[1] for x in fx]) - med([x[1] for x in fix[r]["none"]])) / 1000
 if rates:
     print()
     print("| variant | " + " | ".join(f"{r:,} req/s: p50 / p99 / added p99" for r in rates) + " |")
@@ -84,14 +102,12 @@ if rates:
             if not fx:
                 cells.append("-")
                 continue
-            if med([x[3] / x[4] for x in fx]) < 0.97 or sum(x[2] for x in fx):
-                # Could not keep up with the offered rate: its latencies are queueing, not the limiter's.
+            added = added_p99(v, r)
+            if added == OVERLOADED:
                 cells.append("overloaded")
                 continue
             p50, p99 = med([x[0] for x in fx]), med([x[1] for x in fx])
-            added = "-"
-            if v != "none" and "none" in fix[r]:
-                added = f"{(p99 - med([x[1] for x in fix[r]['none']])) / 1000:+.2f} ms"
+            added = f"{added:+.2f} ms" if added is not None and v != "none" else "-"
             cells.append(f"{p50 / 1000:.2f} / {p99 / 1000:.2f} ms / {added}")
         print(f"| {names[v]} | " + " | ".join(cells) + " |")
 print()  # a table ends at a blank line
@@ -103,10 +119,9 @@ for label, reqs, non2xx, cmds in ham:
 # run leaves its target out; every measured variant must meet a target for
 # "met", and "met ... only" names those that do when only some do. Values
 # are judged as printed (rounded to the digits shown).
-def round_ratios(v, against="none"):
-    if v not in sat or against not in sat:
-        return None
-    return med([x[0] / b[0] for x, b in zip(sat[v], sat[against])])
+def ratio(v, against="none"):
+    rs = per_round(v, against)
+    return med(rs) if rs else None
 def verdict(values, ok):
     good = [label for label, x in values if ok(x)]
     if len(good) == len(values):
@@ -119,27 +134,21 @@ def target(name, values, ok, show):
         targets.append((name, shown, verdict(values, ok)))
 targets = []
 both = lambda with_h, without: [("with headers", with_h), ("without headers", without)]
-target("memory store ≥ 0.97× of no limiter", both(round_ratios("memory"), round_ratios("memory-bare")),
+target("memory store ≥ 0.97× of no limiter", both(ratio("memory"), ratio("memory-bare")),
        lambda x: round(x, 2) >= 0.97, lambda x: f"{x:.2f}×")
 target("memory store not below tower_governor (neither sending headers)",
-       [("without headers", round_ratios("memory-bare", "governor"))],
+       [("without headers", ratio("memory-bare", "governor"))],
        lambda x: round(x, 2) >= 1.0, lambda x: f"{x:.2f}× of tower_governor")
-target("Redis store ≥ 0.7× of no limiter", both(round_ratios("redis"), round_ratios("redis-bare")),
+target("Redis store ≥ 0.7× of no limiter", both(ratio("redis"), ratio("redis-bare")),
        lambda x: round(x, 2) >= 0.7, lambda x: f"{x:.2f}×")
 redis_med = lambda v, i: med([x[i] for x in sat[v]]) if v in sat else None
 target("≤ 6 µs of Redis CPU per decision", both(redis_med("redis", 5), redis_med("redis-bare", 5)),
        lambda x: round(x, 1) <= 6, lambda x: f"{x:.1f} µs")
 half = [r for r in rates if base and abs(r - base / 2) <= base * 0.01]
-def added_p99(v):
-    if not half or v not in fix[half[0]] or "none" not in fix[half[0]]:
-        return None
-    fx = fix[half[0]][v]
-    if med([x[3] / x[4] for x in fx]) < 0.97 or sum(x[2] for x in fx):
-        return float("inf")
-    return (med([x[1] for x in fx]) - med([x[1] for x in fix[half[0]]["none"]])) / 1000
+at_half = lambda v: added_p99(v, half[0]) if half and "none" in fix[half[0]] else None
 target(f"≤ 0.5 ms added p99 at half load ({half[0]:,} req/s)" if half else "≤ 0.5 ms added p99 at half load",
-       both(added_p99("redis"), added_p99("redis-bare")), lambda x: round(x, 2) <= 0.5,
-       lambda x: "overloaded" if x == float("inf") else f"{x:+.2f} ms")
+       both(at_half("redis"), at_half("redis-bare")), lambda x: round(x, 2) <= 0.5,
+       lambda x: "overloaded" if x == OVERLOADED else f"{x:+.2f} ms")
 target("≤ 1 Redis command per request", both(redis_med("redis", 4), redis_med("redis-bare", 4)),
        lambda x: round(x, 2) <= 1, lambda x: f"{x:.2f}")
 on = [cmds / max(non2xx, 1) for label, reqs, non2xx, cmds in ham if label == "deny cache on"]
