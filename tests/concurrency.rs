@@ -572,7 +572,6 @@ async fn store_failures_follow_the_failure_policy_and_shadow_mode_never_rejects(
                 RedisStore::builder(dead.clone())
                     .connect_timeout(fast)
                     .response_timeout(fast)
-                    .pool_wait_timeout(fast)
                     .build()
                     .unwrap(),
             )

@@ -360,16 +360,20 @@ async fn noscript_inside_a_batch_reloads_and_resends_without_charging_twice() {
         .run_watched(&server, &store, now)
         .await;
     // Every batch sent before the script was back met NOSCRIPT (nothing
-    // ran) and was re-sent once, with the script's source (`EVAL`, which
-    // also caches it); yet one HMGET per request: none was charged twice.
+    // ran): the script was loaded and the batch sent once more. Yet one
+    // HMGET per request: none was charged twice.
     let client = |name: &str| {
         seen.iter()
             .filter(|e| !e.is_from_script() && e.command() == name)
             .count()
     };
-    assert!(client("EVAL") >= 1, "a batch was re-sent with the script");
-    assert_eq!(script_calls(&seen).len(), 4, "each batch sent once by hash");
-    assert_eq!(client("SCRIPT"), 0);
+    let loads = client("SCRIPT");
+    assert!(loads >= 1, "the script was loaded again");
+    assert_eq!(
+        script_calls(&seen).len(),
+        4 + loads,
+        "each batch sent once by hash, and once more after its load"
+    );
     assert_eq!(script_internal(&seen, "HMGET"), 200);
 }
 
@@ -584,7 +588,12 @@ async fn the_urls_user_password_and_database_hold_for_charges() {
         assert_eq!(d.statuses()[0].remaining, 9 - i);
     }
     let seen = monitor.stop();
-    assert_eq!(script_calls(&seen).len(), 3);
+    let loads = seen
+        .iter()
+        .filter(|e| !e.is_from_script() && e.command() == "SCRIPT")
+        .count();
+    // The first call met NOSCRIPT on the new server: loaded, then sent again.
+    assert_eq!((script_calls(&seen).len(), loads), (4, 1));
     // The state is in database 3, not 0.
     let mut conn = server.conn();
     let redis_key = store.redis_key(&ns, &key);
@@ -795,21 +804,23 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
     }
 }
 
-/// An idle lane's socket that the server closed meanwhile (its `timeout`,
-/// a proxy, `CLIENT KILL`) is found closed before the next batch is written
-/// on it: that batch goes out on a new connection instead of failing.
+/// A lane's connection that the server closed while it was idle (its
+/// `timeout`, a proxy's, a `CLIENT KILL`) is found closed before the next
+/// batch is sent on it: that batch goes out on a new connection instead of
+/// failing.
 #[tokio::test]
-async fn a_parked_connection_the_server_closed_is_replaced_before_the_next_charge() {
+async fn an_idle_connection_the_server_closed_is_replaced_before_the_next_charge() {
     let Some((server, store, now)) = started().await else {
         return;
     };
-    let (ns, key, p) = (Namespace::new("killed"), Key::new("k"), fixed(10));
+    let (ns, key, p) = (Namespace::new("idle"), Key::new("k"), fixed(10));
     assert!(charge(&store, &ns, &key, &p, now)
         .await
         .unwrap()
         .is_allowed());
-    let killed = server.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
-    assert!(killed.as_int() >= 1, "{killed:?}");
+    // The server drops connections idle for a second.
+    server.config_set("timeout", "1");
+    server.wait_for_no_other_clients();
     for remaining in [8, 7] {
         let d = charge(&store, &ns, &key, &p, now).await.unwrap();
         assert_eq!(d.statuses()[0].remaining, remaining);

@@ -54,7 +54,6 @@ fn fast_store(url: String) -> RedisStore {
     RedisStore::builder(url)
         .connect_timeout(TIMEOUT)
         .response_timeout(TIMEOUT)
-        .pool_wait_timeout(TIMEOUT)
         .build()
         .unwrap()
 }

@@ -30,7 +30,6 @@ fn sharded(servers: &[&RedisServer]) -> ShardedStore {
                 RedisStore::builder(s.url())
                     .connect_timeout(TIMEOUT)
                     .response_timeout(TIMEOUT)
-                    .pool_wait_timeout(TIMEOUT)
                     .build()
                     .unwrap(),
             )

@@ -28,7 +28,7 @@ use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// The limiter a call belongs to: one store can serve several layers, each in
@@ -91,9 +91,7 @@ pub struct Refund<'a> {
 
 pin_project! {
     /// A store future: ready at once for the memory store (no allocation),
-    /// boxed for network stores ([`StoreFuture::pending`]). The Redis store's
-    /// batched charges wait on their batch's reply in place, within their
-    /// budget, without a boxed future around it.
+    /// boxed for network stores ([`StoreFuture::pending`]).
     pub struct StoreFuture<T> {
         #[pin]
         pub(crate) inner: Inner<T>,
@@ -118,31 +116,6 @@ pin_project! {
     pub(crate) enum Wait<T> {
         /// A boxed future (network stores).
         Boxed { fut: Pin<Box<dyn Future<Output = T> + Send + 'static>> },
-        /// A reply to come on a channel (the Redis store's batched charges).
-        Reply { #[pin] reply: Reply<T> },
-    }
-}
-
-pin_project! {
-    /// A reply sent on a channel, awaited for at most `budget` from the
-    /// first poll.
-    pub(crate) struct Reply<T> {
-        rx: tokio::sync::oneshot::Receiver<T>,
-        #[pin]
-        deadline: Deadline,
-        budget: Duration,
-        // The answer when the budget runs out, or the sender is dropped unanswered.
-        fail: fn(StoreError) -> T,
-    }
-}
-
-pin_project! {
-    /// A [`Reply`]'s timer, made on its first poll: by the runtime that polls
-    /// it, which may not be the one the call was made on.
-    #[project = DeadlineProj]
-    enum Deadline {
-        Unarmed,
-        Armed { #[pin] sleep: tokio::time::Sleep },
     }
 }
 
@@ -159,29 +132,6 @@ impl<T> StoreFuture<T> {
         StoreFuture {
             inner: Inner::Waiting {
                 wait: Wait::Boxed { fut: Box::pin(fut) },
-            },
-        }
-    }
-
-    /// The reply `rx` will carry, within `budget` from the first poll: past it, `fail` of
-    /// [`StoreError::Timeout`]; if the sender is dropped unanswered (its
-    /// runtime shut down), `fail` of [`StoreError::Unavailable`].
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn reply(
-        rx: tokio::sync::oneshot::Receiver<T>,
-        budget: Duration,
-        fail: fn(StoreError) -> T,
-    ) -> Self {
-        StoreFuture {
-            inner: Inner::Waiting {
-                wait: Wait::Reply {
-                    reply: Reply {
-                        rx,
-                        deadline: Deadline::Unarmed,
-                        budget,
-                        fail,
-                    },
-                },
             },
         }
     }
@@ -222,36 +172,7 @@ impl<T> Future for Wait<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match self.project() {
             WaitProj::Boxed { fut } => fut.as_mut().poll(cx),
-            WaitProj::Reply { reply } => reply.poll(cx),
         }
-    }
-}
-
-/// Why a call whose reply never came fails: what was to send it was dropped.
-const REPLY_DROPPED: &str =
-    "the redis batch carrying this charge was dropped (runtime shutting down)";
-
-impl<T> Future for Reply<T> {
-    type Output = T;
-
-    // As `tokio::time::timeout` does: the reply first, then the deadline.
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let mut this = self.project();
-        if let Poll::Ready(reply) = Pin::new(this.rx).poll(cx) {
-            return Poll::Ready(
-                reply
-                    .unwrap_or_else(|_| (this.fail)(StoreError::Unavailable(REPLY_DROPPED.into()))),
-            );
-        }
-        if let DeadlineProj::Unarmed = this.deadline.as_mut().project() {
-            this.deadline.set(Deadline::Armed {
-                sleep: tokio::time::sleep(*this.budget),
-            });
-        }
-        if let DeadlineProj::Armed { sleep } = this.deadline.project() {
-            ready!(sleep.poll(cx));
-        }
-        Poll::Ready((this.fail)(StoreError::Timeout(*this.budget)))
     }
 }
 
@@ -327,95 +248,14 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::future::poll_fn;
-    use tokio::sync::oneshot;
-    use tokio::time::Instant;
-
-    type Answer = Result<u32, StoreError>;
-
-    /// Polls `fut` once.
-    async fn poll_once(fut: Pin<&mut StoreFuture<Answer>>) -> Poll<Answer> {
-        let mut fut = Some(fut);
-        poll_fn(|cx| Poll::Ready(fut.take().expect("polled once").poll(cx))).await
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_reply_that_comes_within_its_budget_is_the_answer() {
-        let (tx, rx) = oneshot::channel();
-        let mut fut = std::pin::pin!(StoreFuture::reply(rx, Duration::from_millis(50), Err));
-        assert!(poll_once(fut.as_mut()).await.is_pending());
-        tokio::time::advance(Duration::from_millis(49)).await;
-        assert!(poll_once(fut.as_mut()).await.is_pending());
-        tx.send(Ok(7)).unwrap();
-        assert!(matches!(poll_once(fut.as_mut()).await, Poll::Ready(Ok(7))));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn no_reply_within_the_budget_is_a_timeout_naming_the_budget_when_it_runs_out() {
-        let (_tx, rx) = oneshot::channel::<Answer>();
-        let started = Instant::now();
-        // Paused time jumps to the deadline once nothing else can run.
-        let answer = StoreFuture::reply(rx, Duration::from_millis(50), Err).await;
-        assert!(
-            matches!(answer, Err(StoreError::Timeout(d)) if d == Duration::from_millis(50)),
-            "{answer:?}"
-        );
-        assert_eq!(started.elapsed(), Duration::from_millis(50));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_reply_already_there_wins_over_a_deadline_already_past() {
-        let (tx, rx) = oneshot::channel();
-        let mut fut = std::pin::pin!(StoreFuture::reply(rx, Duration::from_millis(50), Err));
-        assert!(poll_once(fut.as_mut()).await.is_pending());
-        tokio::time::advance(Duration::from_millis(80)).await;
-        tx.send(Ok(7)).unwrap();
-        assert!(matches!(poll_once(fut.as_mut()).await, Poll::Ready(Ok(7))));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_sender_dropped_unanswered_is_unavailable_at_once() {
-        let (tx, rx) = oneshot::channel::<Answer>();
-        let fut = StoreFuture::reply(rx, Duration::from_secs(5), Err);
-        drop(tx);
-        let started = Instant::now();
-        let answer = fut.await;
-        assert!(
-            matches!(&answer, Err(StoreError::Unavailable(m)) if m == REPLY_DROPPED),
-            "{answer:?}"
-        );
-        assert_eq!(started.elapsed(), Duration::ZERO);
-    }
-
-    /// The call may be made on one runtime (or none) and polled on another:
-    /// the timer belongs to the one that polls.
-    #[test]
-    fn the_deadline_is_made_by_the_runtime_that_polls() {
-        let (_tx, rx) = oneshot::channel::<Answer>();
-        let fut = StoreFuture::reply(rx, Duration::from_millis(50), Err);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let answer = rt.block_on(fut);
-        assert!(
-            matches!(answer, Err(StoreError::Timeout(d)) if d == Duration::from_millis(50)),
-            "{answer:?}"
-        );
-    }
 
     #[tokio::test]
     async fn only_a_ready_future_answers_without_awaiting_and_only_once() {
-        let mut ready = StoreFuture::<Answer>::ready(Ok(3));
-        assert!(matches!(ready.now_or_never(), Some(Ok(3))));
+        let mut ready = StoreFuture::<u32>::ready(3);
+        assert_eq!(ready.now_or_never(), Some(3));
         assert!(ready.now_or_never().is_none());
-        let mut boxed = StoreFuture::<Answer>::pending(async { Ok(4) });
+        let mut boxed = StoreFuture::<u32>::pending(async { 4 });
         assert!(boxed.now_or_never().is_none());
-        assert!(matches!(boxed.await, Ok(4)));
-        let (_tx, rx) = oneshot::channel::<Answer>();
-        assert!(StoreFuture::reply(rx, Duration::from_secs(1), Err)
-            .now_or_never()
-            .is_none());
+        assert_eq!(boxed.await, 4);
     }
 }

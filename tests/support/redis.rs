@@ -1161,6 +1161,19 @@ impl RedisServer {
         );
     }
 
+    /// Waits until the only client connected is the harness's own probe:
+    /// every other connection was closed (by the server's `timeout`, a kill,
+    /// or its owner).
+    #[track_caller]
+    pub fn wait_for_no_other_clients(&self) {
+        wait_until(
+            SYNC_TIMEOUT,
+            &format!("127.0.0.1:{} to have no other clients", self.port),
+            || (self.info_section("clients")["connected_clients"] == "1").then_some(()),
+            || self.describe(),
+        );
+    }
+
     /// A cheap, `Clone + Send` handle for sending commands from other threads
     /// (e.g. a blocking `EVAL` in a spawned thread). It does not own the process.
     pub fn clone_client(&self) -> RedisClient {

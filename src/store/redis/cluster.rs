@@ -27,7 +27,10 @@
 //! `invoke_async` is sent to the node that answered `NOSCRIPT`: the one serving
 //! the key's slot, or the redirect target.
 
-use super::connection::{redis_error, AnyConnection, Call, Vet};
+use super::lane::{redis_error, Call};
+use super::node::{self, Settings};
+use super::url::Redacted;
+use super::EvictionCheck;
 use crate::error::{ConfigError, StoreError};
 use deadpool_redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
 use deadpool_redis::redis::aio::ConnectionLike;
@@ -36,7 +39,6 @@ use deadpool_redis::redis::{
     self, Arg, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind,
     Value,
 };
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
@@ -47,54 +49,90 @@ pub(crate) struct ClusterLane {
     client: ClusterClient,
     conn: OnceCell<ClusterConnection>,
     connect_timeout: Duration,
-    vet: Option<Arc<Vet>>,
+    eviction: EvictionCheck,
+    /// The first seed node, as it may be shown.
+    shown: String,
 }
 
 impl ClusterLane {
     pub(crate) fn new(
         urls: &[String],
-        connect_timeout: Duration,
-        response_timeout: Duration,
-        vet: Option<Arc<Vet>>,
+        settings: &Settings,
+        eviction: EvictionCheck,
     ) -> Result<Self, ConfigError> {
-        let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+        let infos = urls
+            .iter()
+            .map(|u| node::connection_info(u, &settings.tls))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shown = Redacted(&urls[0]).to_string();
+        #[allow(unused_mut)]
+        let mut builder = ClusterClientBuilder::new(infos)
             // Never re-send after an I/O error or timeout: see the module docs.
             .retries(0)
-            .connection_timeout(connect_timeout)
-            .response_timeout(response_timeout)
-            .build()
-            .map_err(|e| ConfigError::new(format!("invalid redis cluster urls {urls:?}: {e}")))?;
+            .connection_timeout(settings.connect_timeout)
+            .response_timeout(settings.response_timeout);
+        #[cfg(feature = "tls")]
+        if urls.iter().any(|u| u.starts_with("rediss:")) {
+            node::install_crypto_provider();
+            if settings.tls.insecure {
+                builder = builder.tls(redis::TlsMode::Insecure);
+            }
+            if settings.tls.ca.is_some() || settings.tls.client.is_some() {
+                builder = builder.certs(settings.tls.certificates());
+            }
+        }
+        let client = builder.build().map_err(|e| {
+            ConfigError::new(format!("invalid redis cluster urls ({shown}, ...): {e}"))
+        })?;
         Ok(Self {
             client,
             conn: OnceCell::new(),
-            connect_timeout,
-            vet,
+            connect_timeout: settings.connect_timeout,
+            eviction,
+            shown,
         })
     }
 
-    /// The shared connection, connecting (and vetting) on first use; a failed
-    /// attempt is retried by the next call.
-    pub(crate) async fn connection(&self) -> Result<ClusterConnection, StoreError> {
+    /// The shared connection, connecting (and checking eviction) on first
+    /// use; a failed attempt is retried by the next call.
+    async fn connection(&self) -> Result<ClusterConnection, StoreError> {
         self.conn
             .get_or_try_init(|| async {
-                let conn = super::or_unavailable(
+                let mut conn = match tokio::time::timeout(
                     self.connect_timeout,
-                    "redis cluster: no connection",
                     self.client.get_async_connection(),
                 )
-                .await?
-                .map_err(redis_error)?;
-                if let Some(vet) = &self.vet {
-                    vet(AnyConnection::Cluster(conn.clone())).await?;
-                }
+                .await
+                {
+                    Ok(conn) => conn.map_err(redis_error)?,
+                    Err(_) => {
+                        return Err(StoreError::Unavailable(format!(
+                            "redis cluster {}: no connection within {:?}",
+                            self.shown, self.connect_timeout
+                        )))
+                    }
+                };
+                super::check_eviction(self.eviction, &mut conn, &self.shown).await?;
                 Ok(conn)
             })
             .await
             .cloned()
     }
 
-    /// Runs `call`, re-sending it only after answers that prove nothing ran.
-    pub(crate) async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
+    /// Runs `call` within `budget`, re-sending it only after answers that
+    /// prove nothing ran.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        call: Call<'_>,
+        budget: Duration,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(budget, self.run_unbounded(call)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(budget)),
+        }
+    }
+
+    async fn run_unbounded<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
         let mut target = Target {
             conn: self.connection().await?,
             slot: None,

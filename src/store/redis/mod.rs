@@ -14,6 +14,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Every call goes through redis-rs: plain TCP (`redis://`), TLS
+//! (`rediss://`, feature `tls`), Unix sockets (`unix://`, `redis+unix://`),
+//! a primary found through Sentinel (feature `sentinel`) or a Redis Cluster
+//! (feature `cluster`). `AUTH`, `SELECT` and the protocol (`?protocol=resp3`)
+//! come from the URL.
+//!
 //! Concurrent charges travel together: each connection sends one `EVALSHA`
 //! of `lua/charge.lua` for every charge waiting while its previous batch was
 //! in flight (an idle service sends each charge alone, at once; see
@@ -21,34 +27,38 @@
 //! (assembled from one Lua file per algorithm) reads, decides and writes every
 //! quota of its policy atomically and returns the state the decision was made
 //! on; the headers are built from that reply only, by the same math the
-//! memory store runs. A refund is one more script call, run in the background. All of a
-//! client's state is one hash under one key (plus, for a sliding-log quota,
-//! a sorted set sharing its hash tag), so every call touches one hash slot.
+//! memory store runs. A refund is one more script call, run in the background.
+//! All of a client's state is one hash under one key (plus, for a
+//! sliding-log quota, a sorted set sharing its hash tag), so every call
+//! touches one hash slot.
 //!
 //! With the `cluster` feature, [`RedisStore::cluster`] runs the same scripts on
 //! a Redis Cluster: each call goes to the node serving its key's slot, follows
 //! `MOVED`/`ASK` and keeps working after a failover, and is never sent twice
 //! after an error that may have let it run (see [`RedisStore::cluster_builder`]).
+//!
+//! Passwords never appear in this store's `Debug` output, its errors or its
+//! log lines: URLs are shown as `redis://user:***@host:6379`.
 
 mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod concurrency;
-mod connection;
 mod keys;
+mod lane;
+mod node;
 mod reply;
 mod scripts;
-mod wire;
+mod url;
 
-use self::connection::{redis_error, AnyConnection, Call, Connections, Lanes, Vet};
+use self::lane::{Call, Lanes};
+use self::node::{Node, Settings, Tls};
+use self::url::Redacted;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::store::{Charge, Refund, Store, StoreFuture};
 use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo,
-};
-use deadpool_redis::{Manager, Pool, Runtime};
+use deadpool_redis::redis::{self, ConnectionAddr, ConnectionInfo, FromRedisValue};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -87,37 +97,167 @@ pub struct RedisStore {
 
 struct Inner {
     /// The primary's connections, or the cluster's.
-    primary: Connections,
-    replicas: Vec<Connections>,
+    primary: Primary,
+    /// Connections that serve [`Store::status`] reads.
+    replicas: Vec<Lanes>,
     next_replica: AtomicUsize,
     prefix: String,
     time: TimeSource,
-    /// `host:port/db` of the primary (of the first seed node for a cluster).
+    /// The shard name: `host:port/db` of the primary, never its credentials.
     name: String,
-    cluster: bool,
+    /// Where the store connects, as it may be shown (no password).
+    shown: String,
+}
+
+/// Where a store's writes go.
+pub(crate) enum Primary {
+    /// Long-lived multiplexed connections to one server.
+    Lanes(Arc<Lanes>),
+    /// One shared connection to a Redis Cluster, which routes each call to
+    /// the node serving its key's hash slot.
+    #[cfg(feature = "cluster")]
+    Cluster(Box<cluster::ClusterLane>),
+}
+
+impl Primary {
+    /// Charges `job`: queued to travel with concurrent charges on a lane;
+    /// on a cluster, sent alone to its key's node (which pipelines it with
+    /// other calls to that node).
+    async fn charge(&self, job: batch::Job) -> batch::JobReply {
+        match self {
+            Primary::Lanes(lanes) => lanes.submit(job).await.unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(
+                    "the redis connection carrying this charge was dropped (its runtime shut down)"
+                        .into(),
+                ))
+            }),
+            #[cfg(feature = "cluster")]
+            Primary::Cluster(cluster) => {
+                let budget = job.timeout;
+                let jobs = std::slice::from_ref(&job);
+                let (script, cmd) = batch::command(jobs);
+                let reply: Vec<redis::Value> = cluster
+                    .run(Call::Eval { script, cmd: &cmd }, budget)
+                    .await?;
+                batch::answers(&reply, jobs)?
+                    .pop()
+                    .ok_or_else(|| StoreError::Protocol("no answer to a charge".into()))?
+            }
+        }
+    }
+
+    /// Runs `call` within `budget`.
+    async fn run<T: FromRedisValue>(
+        &self,
+        call: Call<'_>,
+        budget: Duration,
+    ) -> Result<T, StoreError> {
+        match self {
+            Primary::Lanes(lanes) => lanes.run(call, budget).await,
+            #[cfg(feature = "cluster")]
+            Primary::Cluster(cluster) => cluster.run(call, budget).await,
+        }
+    }
+
+    /// Sends `pipe` in one round trip within `budget` (the coordinated
+    /// mode's sync). A pipeline over many clients' keys spans many hash
+    /// slots, which a cluster cannot route: the layer refuses that
+    /// combination when it is built.
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        budget: Duration,
+    ) -> Result<Vec<redis::Value>, StoreError> {
+        match self {
+            Primary::Lanes(lanes) => lanes.query_pipeline(pipe, budget).await,
+            #[cfg(feature = "cluster")]
+            Primary::Cluster(_) => Err(StoreError::Unavailable(
+                "the coordinated mode cannot sync through a Redis Cluster".into(),
+            )),
+        }
+    }
+}
+
+/// What a builder connects to.
+#[derive(Clone)]
+enum Target {
+    Url(String),
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+        nodes: SentinelNodes,
+    },
+}
+
+/// How to reach the nodes Sentinel names.
+#[cfg(feature = "sentinel")]
+#[derive(Clone, Default)]
+struct SentinelNodes {
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+    tls: bool,
 }
 
 /// Configures a [`RedisStore`]. Nothing connects until the first request, so a
 /// service starts even when Redis is down.
 #[must_use]
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisStoreBuilder {
-    url: String,
-    /// Seed nodes of a Redis Cluster (cluster mode), else `None`.
-    cluster: Option<Vec<String>>,
+    target: Target,
     replicas: Vec<String>,
     prefix: String,
     connections: usize,
     connect_timeout: Duration,
     response_timeout: Duration,
-    pool_wait_timeout: Duration,
     time: TimeSource,
     eviction: EvictionCheck,
+    tls: Tls,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("RedisStoreBuilder");
+        match &self.target {
+            Target::Url(url) => d.field("url", &Redacted(url)),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => d.field(
+                "cluster",
+                &urls.iter().map(|u| Redacted(u)).collect::<Vec<_>>(),
+            ),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel {
+                master, sentinels, ..
+            } => d.field("sentinel_master", master).field(
+                "sentinels",
+                &sentinels.iter().map(|u| Redacted(u)).collect::<Vec<_>>(),
+            ),
+        };
+        d.field(
+            "replicas",
+            &self
+                .replicas
+                .iter()
+                .map(|u| Redacted(u))
+                .collect::<Vec<_>>(),
+        )
+        .field("prefix", &self.prefix)
+        .field("connections", &self.connections)
+        .field("connect_timeout", &self.connect_timeout)
+        .field("response_timeout", &self.response_timeout)
+        .field("time", &self.time)
+        .field("eviction", &self.eviction)
+        .finish_non_exhaustive()
+    }
 }
 
 impl RedisStoreBuilder {
     /// Adds a replica that serves [`Store::status`] reads (repeatable). Replicas
-    /// lag and do not expire keys themselves; stale windows are discarded.
+    /// lag and do not expire keys themselves; stale windows are discarded. A
+    /// read the replica fails is answered by the primary.
     ///
     /// ```
     /// use tower_ratelimit::store::RedisStore;
@@ -152,10 +292,8 @@ impl RedisStoreBuilder {
     /// once (per the layer's failure policy) instead of piling up behind a
     /// stalled Redis.
     ///
-    /// Each lane is one multiplexed redis-rs connection (refunds, status
-    /// reads, concurrency slots) plus, on a plain-TCP `redis://` URL, a socket
-    /// its charge runner owns: it writes the batches and parses their replies
-    /// itself, with no task hop in between.
+    /// Each lane is one multiplexed redis-rs connection: charges, refunds,
+    /// status reads and concurrency slots share it, pipelined.
     ///
     /// ```
     /// use tower_ratelimit::store::RedisStore;
@@ -166,7 +304,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Time allowed to open a connection (default 1 s).
+    /// Time allowed to open a connection, TLS handshake and `AUTH` included
+    /// (default 1 s).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -178,10 +317,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Time allowed for one reply on a connection (default 1 s); a connection
-    /// that misses it is replaced (a charge connection first fails every
-    /// batch in flight on it). Each request is also bounded by the layer's
-    /// store timeout, whichever is shorter.
+    /// How long a connection may go without answering anything while calls
+    /// wait on it before it is replaced (default 1 s). Each call is bounded
+    /// by the layer's store timeout too, whichever is shorter.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -190,18 +328,6 @@ impl RedisStoreBuilder {
     /// ```
     pub fn response_timeout(mut self, t: Duration) -> Self {
         self.response_timeout = t;
-        self
-    }
-
-    /// Time to wait for the pool to hand out a new connection (default 1 s).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use tower_ratelimit::store::RedisStore;
-    /// let store = RedisStore::builder("redis://127.0.0.1").pool_wait_timeout(Duration::from_millis(100)).build();
-    /// ```
-    pub fn pool_wait_timeout(mut self, t: Duration) -> Self {
-        self.pool_wait_timeout = t;
         self
     }
 
@@ -227,6 +353,126 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts these CA certificates (PEM, one or more) for `rediss://`
+    /// servers instead of the system's roots (feature `tls`): a managed
+    /// Redis with its own CA, or one made for a test.
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::store::RedisStore;
+    /// let ca = std::fs::read("/etc/redis/ca.pem").unwrap();
+    /// let store = RedisStore::builder("rediss://redis.internal:6380").tls_ca_pem(ca).build();
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate chain and its private key (both PEM)
+    /// to `rediss://` servers that ask for one (`tls-auth-clients yes`):
+    /// mutual TLS (feature `tls`).
+    ///
+    /// ```no_run
+    /// use tower_ratelimit::store::RedisStore;
+    /// let (cert, key) = (std::fs::read("client.pem").unwrap(), std::fs::read("client.key").unwrap());
+    /// let store = RedisStore::builder("rediss://redis.internal:6380").tls_client_cert_pem(cert, key).build();
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert_chain: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_chain.into(), key.into()));
+        self
+    }
+
+    /// **Unsafe**: accepts any server certificate, without checking who
+    /// signed it or which host it names (feature `tls`). The connection is
+    /// encrypted but anyone on the path can impersonate Redis, read the
+    /// limiter's traffic and its `AUTH` password, and answer every charge.
+    /// For a development setup only; give the server's CA with
+    /// [`tls_ca_pem`](Self::tls_ca_pem) instead. (A `#insecure` URL fragment
+    /// is refused: this is the only way to ask for it.)
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::builder("rediss://localhost:6380")
+    ///     .danger_accept_invalid_certificates()
+    ///     .build();
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn danger_accept_invalid_certificates(mut self) -> Self {
+        self.tls.insecure = true;
+        self
+    }
+
+    /// The user name for the nodes Sentinel names (feature `sentinel`; the
+    /// sentinels' own credentials come from their URLs).
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::sentinel_builder("mymaster", ["redis://10.0.0.1:26379"])
+    ///     .node_username("limiter")
+    ///     .node_password("s3cret")
+    ///     .build();
+    /// ```
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn node_username(mut self, username: impl Into<String>) -> Self {
+        if let Target::Sentinel { nodes, .. } = &mut self.target {
+            nodes.username = Some(username.into());
+        }
+        self
+    }
+
+    /// The password for the nodes Sentinel names (feature `sentinel`). See
+    /// [`node_username`](Self::node_username).
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn node_password(mut self, password: impl Into<String>) -> Self {
+        if let Target::Sentinel { nodes, .. } = &mut self.target {
+            nodes.password = Some(password.into());
+        }
+        self
+    }
+
+    /// The database on the nodes Sentinel names (default 0; feature `sentinel`).
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::sentinel_builder("mymaster", ["redis://10.0.0.1:26379"]).node_db(2).build();
+    /// ```
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn node_db(mut self, db: i64) -> Self {
+        if let Target::Sentinel { nodes, .. } = &mut self.target {
+            nodes.db = db;
+        }
+        self
+    }
+
+    /// The nodes Sentinel names speak TLS (features `sentinel` and `tls`),
+    /// verified as [`tls_ca_pem`](Self::tls_ca_pem) and
+    /// [`tls_client_cert_pem`](Self::tls_client_cert_pem) say. The sentinels
+    /// speak TLS when their URLs are `rediss://`.
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::sentinel_builder("mymaster", ["rediss://10.0.0.1:26379"]).node_tls().build();
+    /// ```
+    #[cfg(all(feature = "sentinel", feature = "tls"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "sentinel", feature = "tls"))))]
+    pub fn node_tls(mut self) -> Self {
+        if let Target::Sentinel { nodes, .. } = &mut self.target {
+            nodes.tls = true;
+        }
+        self
+    }
+
     /// Checks the configuration and builds the store without connecting.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if self.prefix.is_empty()
@@ -241,42 +487,71 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        for t in [
-            self.connect_timeout,
-            self.response_timeout,
-            self.pool_wait_timeout,
-        ] {
-            if t.is_zero() {
-                return Err(ConfigError::new("redis timeouts must be above zero"));
-            }
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            return Err(ConfigError::new("redis timeouts must be above zero"));
         }
-        if self.cluster.as_ref().is_some_and(Vec::is_empty) {
-            return Err(ConfigError::new(
-                "a Redis Cluster needs at least one seed node url",
-            ));
-        }
-        let vet = vet(self.eviction);
-        let primary = match &self.cluster {
-            None => Connections::Lanes(Arc::new(Lanes::new(
-                self.pool(&self.url)?,
-                self.connections,
-                wire::Endpoint::from_url(&self.url, self.connect_timeout, self.response_timeout),
-                Some(vet),
-            ))),
-            Some(urls) => self.cluster_connections(urls, vet)?,
+        let settings = Settings {
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            tls: self.tls.clone(),
         };
-        let replicas = self
+        let lanes = |node: Node, n: usize, eviction: Option<EvictionCheck>| {
+            Lanes::new(node, n, eviction, self.response_timeout)
+        };
+        let (primary, name, shown, sentinel_replicas) = match &self.target {
+            Target::Url(url) => {
+                let node = Node::from_url(url, &settings)?;
+                let name = node_name(&node::connection_info(url, &settings.tls)?);
+                let shown = node.shown().to_owned();
+                let primary = lanes(node, self.connections, Some(self.eviction));
+                (Primary::Lanes(Arc::new(primary)), name, shown, None)
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => {
+                if !self.replicas.is_empty() {
+                    return Err(ConfigError::new(
+                        "a Redis Cluster finds its replicas itself: `replica` is for a standalone primary",
+                    ));
+                }
+                let first = urls.first().ok_or_else(|| {
+                    ConfigError::new("a Redis Cluster needs at least one seed node url")
+                })?;
+                let name = node_name(&node::connection_info(first, &settings.tls)?);
+                let lane = cluster::ClusterLane::new(urls, &settings, self.eviction)?;
+                let shown = format!("cluster {}", Redacted(first));
+                (Primary::Cluster(Box::new(lane)), name, shown, None)
+            }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel {
+                master,
+                sentinels,
+                nodes,
+            } => {
+                if !self.replicas.is_empty() {
+                    return Err(ConfigError::new(
+                        "Sentinel names the replicas itself: `replica` is for a primary given by url",
+                    ));
+                }
+                let [to_primary, to_replicas] =
+                    sentinel::nodes(master, sentinels, nodes, &settings)?;
+                let name = format!("sentinel/{master}/{}", nodes.db);
+                let shown = to_primary.shown().to_owned();
+                let primary = lanes(to_primary, self.connections, Some(self.eviction));
+                let replicas = lanes(to_replicas, 1, None);
+                (
+                    Primary::Lanes(Arc::new(primary)),
+                    name,
+                    shown,
+                    Some(replicas),
+                )
+            }
+        };
+        let mut replicas = self
             .replicas
             .iter()
-            .map(|u| {
-                Ok(Connections::Lanes(Arc::new(Lanes::new(
-                    self.pool(u)?,
-                    1,
-                    None,
-                    None,
-                ))))
-            })
-            .collect::<Result<_, ConfigError>>()?;
+            .map(|u| Ok(lanes(Node::from_url(u, &settings)?, 1, None)))
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        replicas.extend(sentinel_replicas);
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 primary,
@@ -284,100 +559,166 @@ impl RedisStoreBuilder {
                 next_replica: AtomicUsize::new(0),
                 prefix: self.prefix,
                 time: self.time,
-                name: node_name(&self.url)?,
-                cluster: self.cluster.is_some(),
+                name,
+                shown,
             }),
         })
     }
+}
 
-    #[cfg(feature = "cluster")]
-    fn cluster_connections(
-        &self,
-        urls: &[String],
-        vet: Arc<Vet>,
-    ) -> Result<Connections, ConfigError> {
-        if !self.replicas.is_empty() {
+#[cfg(feature = "sentinel")]
+mod sentinel {
+    //! A store whose primary (and replicas) Sentinel names.
+
+    use super::node::{self, Node, Settings};
+    use super::url::Redacted;
+    use super::SentinelNodes;
+    use crate::error::ConfigError;
+    use deadpool_redis::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    use deadpool_redis::redis::{ConnectionAddr, TlsMode};
+
+    /// The nodes for the primary and for the replicas of `master`.
+    pub(super) fn nodes(
+        master: &str,
+        sentinels: &[String],
+        nodes: &SentinelNodes,
+        settings: &Settings,
+    ) -> Result<[Node; 2], ConfigError> {
+        if master.is_empty() {
+            return Err(ConfigError::new("a Sentinel master name must not be empty"));
+        }
+        let first = sentinels
+            .first()
+            .ok_or_else(|| ConfigError::new("Sentinel needs at least one sentinel url"))?;
+        let infos = sentinels
+            .iter()
+            .map(|u| node::connection_info(u, &settings.tls))
+            .collect::<Result<Vec<_>, _>>()?;
+        let auth = |i: &deadpool_redis::redis::ConnectionInfo| {
+            let s = i.redis_settings();
+            (
+                s.username().map(str::to_owned),
+                s.password().map(str::to_owned),
+            )
+        };
+        if infos.iter().any(|i| auth(i) != auth(&infos[0])) {
             return Err(ConfigError::new(
-                "a Redis Cluster finds its replicas itself: `replica` is for a standalone primary",
+                "every sentinel url must carry the same user name and password",
             ));
         }
-        Ok(Connections::Cluster(Box::new(cluster::ClusterLane::new(
-            urls,
-            self.connect_timeout,
-            self.response_timeout,
-            Some(vet),
-        )?)))
-    }
-
-    #[cfg(not(feature = "cluster"))]
-    fn cluster_connections(&self, _: &[String], _: Arc<Vet>) -> Result<Connections, ConfigError> {
-        unreachable!("cluster mode is only configurable with the `cluster` feature")
-    }
-
-    fn pool(&self, url: &str) -> Result<Pool, ConfigError> {
-        let conn = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout));
-        let manager = Manager::new_with_config(url, conn)
-            .map_err(|e| ConfigError::new(format!("invalid redis url {url:?}: {e}")))?;
-        Pool::builder(manager)
-            .max_size(self.connections.max(1))
-            .wait_timeout(Some(self.pool_wait_timeout))
-            .create_timeout(Some(self.connect_timeout))
-            .recycle_timeout(Some(self.response_timeout))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| ConfigError::new(format!("redis pool: {e}")))
+        let sentinel_tls = matches!(infos[0].addr(), ConnectionAddr::TcpTls { .. });
+        let (username, password) = auth(&infos[0]);
+        let shown = format!(
+            "the primary Sentinel names {master:?} (sentinels {})",
+            sentinels
+                .iter()
+                .map(|u| Redacted(u).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let build = |role: SentinelServerType| {
+            let addrs = infos.iter().map(|i| i.addr().clone());
+            let mut b = SentinelClientBuilder::new(addrs, master, role)
+                .map_err(|e| ConfigError::new(format!("sentinel {}: {e}", Redacted(first))))?
+                .set_client_to_redis_db(nodes.db);
+            if let Some(u) = &username {
+                b = b.set_client_to_sentinel_username(u);
+            }
+            if let Some(p) = &password {
+                b = b.set_client_to_sentinel_password(p);
+            }
+            if let Some(u) = &nodes.username {
+                b = b.set_client_to_redis_username(u);
+            }
+            if let Some(p) = &nodes.password {
+                b = b.set_client_to_redis_password(p);
+            }
+            #[cfg(feature = "tls")]
+            {
+                let mode = if settings.tls.insecure {
+                    TlsMode::Insecure
+                } else {
+                    TlsMode::Secure
+                };
+                if sentinel_tls || nodes.tls {
+                    node::install_crypto_provider();
+                }
+                if sentinel_tls {
+                    b = b.set_client_to_sentinel_tls_mode(mode);
+                    if settings.tls.ca.is_some() || settings.tls.client.is_some() {
+                        b = b.set_client_to_sentinel_certificates(settings.tls.certificates());
+                    }
+                }
+                if nodes.tls {
+                    b = b.set_client_to_redis_tls_mode(mode);
+                    if settings.tls.ca.is_some() || settings.tls.client.is_some() {
+                        b = b.set_client_to_redis_certificates(settings.tls.certificates());
+                    }
+                }
+            }
+            #[cfg(not(feature = "tls"))]
+            let _ = (sentinel_tls, TlsMode::Secure);
+            b.build()
+                .map_err(|e| ConfigError::new(format!("sentinel {}: {e}", Redacted(first))))
+        };
+        let primary = build(SentinelServerType::Master)?;
+        let replicas = build(SentinelServerType::Replica)?;
+        Ok([
+            Node::sentinel(primary, shown.clone(), nodes.tls, settings),
+            Node::sentinel(
+                replicas,
+                shown.replace("the primary", "a replica"),
+                nodes.tls,
+                settings,
+            ),
+        ])
     }
 }
 
 /// A node's identity, `host:port/db`, without scheme or credentials.
-fn node_name(url: &str) -> Result<String, ConfigError> {
-    let info = url
-        .into_connection_info()
-        .map_err(|e| ConfigError::new(format!("invalid redis url {url:?}: {e}")))?;
+fn node_name(info: &ConnectionInfo) -> String {
     let db = info.redis_settings().db();
-    Ok(match info.addr() {
+    match info.addr() {
         ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
             format!("{host}:{port}/{db}")
         }
         ConnectionAddr::Unix(path) => format!("unix:{}/{db}", path.display()),
         other => format!("{other}/{db}"),
-    })
+    }
 }
 
-/// Checks `maxmemory-policy` on every new primary connection.
-fn vet(check: EvictionCheck) -> Arc<Vet> {
-    Arc::new(move |mut conn: AnyConnection| {
-        Box::pin(async move {
-            let policy = match eviction_policy(&mut conn).await {
-                Ok(p) => p,
-                Err(e) => {
-                    // Managed Redis often disables CONFIG: nothing to check then.
-                    tracing::debug!(error = %e, "could not read maxmemory-policy");
-                    return Ok(());
-                }
-            };
-            if policy == "noeviction" {
-                return Ok(());
-            }
-            let msg = format!(
-                "redis maxmemory-policy is `{policy}`: Redis may evict live rate-limit keys \
-                 (they all carry a TTL, so volatile-* policies evict them too), handing clients \
-                 fresh windows; configure `maxmemory-policy noeviction` for the limiter's Redis"
-            );
-            match check {
-                EvictionCheck::Warn => {
-                    tracing::warn!("{msg}");
-                    Ok(())
-                }
-                EvictionCheck::Refuse => {
-                    tracing::error!("{msg}; refusing to use it");
-                    Err(StoreError::Unavailable(msg))
-                }
-            }
-        })
-    })
+/// Checks `maxmemory-policy` on a new primary connection (`shown` names it).
+async fn check_eviction(
+    check: EvictionCheck,
+    conn: &mut (impl ConnectionLike + Send),
+    shown: &str,
+) -> Result<(), StoreError> {
+    let policy = match eviction_policy(conn).await {
+        Ok(p) => p,
+        Err(e) => {
+            // Managed Redis often disables CONFIG: nothing to check then.
+            tracing::debug!(redis = shown, error = %e, "could not read maxmemory-policy");
+            return Ok(());
+        }
+    };
+    if policy == "noeviction" {
+        return Ok(());
+    }
+    let msg = format!(
+        "redis maxmemory-policy is `{policy}` on {shown}: Redis may evict live rate-limit keys \
+         (they all carry a TTL, so volatile-* policies evict them too), handing clients \
+         fresh windows; configure `maxmemory-policy noeviction` for the limiter's Redis"
+    );
+    match check {
+        EvictionCheck::Warn => {
+            tracing::warn!("{msg}");
+            Ok(())
+        }
+        EvictionCheck::Refuse => {
+            tracing::error!("{msg}; refusing to use it");
+            Err(StoreError::Unavailable(msg))
+        }
+    }
 }
 
 fn eviction_policy_cmd() -> redis::Cmd {
@@ -390,7 +731,7 @@ async fn eviction_policy(conn: &mut (impl ConnectionLike + Send)) -> Result<Stri
     let v: Vec<String> = eviction_policy_cmd()
         .query_async(conn)
         .await
-        .map_err(redis_error)?;
+        .map_err(lane::redis_error)?;
     policy_from_reply(&v)
 }
 
@@ -406,19 +747,31 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    /// Configures a store for the primary at `url` (`redis://[user:pass@]host:port[/db]`).
+    /// Configures a store for the primary at `url`:
+    /// `redis://[user:password@]host[:port][/db]`, `rediss://…` for TLS
+    /// (feature `tls`), or `unix:///path/to/redis.sock[?db=N&pass=…]`
+    /// (also `redis+unix://`).
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::builder("redis://limiter:s3cret@10.0.0.1:6379/2").build().unwrap();
+    /// assert!(!format!("{store:?}").contains("s3cret"));
+    /// ```
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        Self::builder_for(Target::Url(url.into()))
+    }
+
+    fn builder_for(target: Target) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
-            cluster: None,
+            target,
             replicas: Vec::new(),
             prefix: "trl:".into(),
             connections: 1,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
-            pool_wait_timeout: Duration::from_secs(1),
             time: TimeSource::Application,
             eviction: EvictionCheck::Warn,
+            tls: Tls::default(),
         }
     }
 
@@ -430,6 +783,7 @@ impl RedisStore {
     /// let store = RedisStore::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]).unwrap();
     /// ```
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster<I>(urls: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator,
@@ -464,32 +818,87 @@ impl RedisStore {
     ///     .unwrap();
     /// ```
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster_builder<I>(urls: I) -> RedisStoreBuilder
     where
         I: IntoIterator,
         I::Item: Into<String>,
     {
-        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
-        let mut b = Self::builder(urls.first().cloned().unwrap_or_default());
-        b.cluster = Some(urls);
-        b
+        Self::builder_for(Target::Cluster(urls.into_iter().map(Into::into).collect()))
+    }
+
+    /// A store for the primary that Sentinel names `master`, asking the
+    /// sentinels at `sentinel_urls` (feature `sentinel`), with default settings.
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::sentinel("mymaster", ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]).unwrap();
+    /// ```
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel<I>(master: impl Into<String>, sentinel_urls: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        Self::sentinel_builder(master, sentinel_urls).build()
+    }
+
+    /// Configures a store for the primary that Sentinel names `master`
+    /// (feature `sentinel`).
+    ///
+    /// Every new connection asks the sentinels where the primary is (and
+    /// checks it is one), so after a failover the connections to the old
+    /// primary, which answer `READONLY` or fail, are replaced by connections
+    /// to the promoted replica. The scripts are loaded there on first use
+    /// (`SCRIPT LOAD` is not replicated). As everywhere in this store, no
+    /// call is re-sent after an error that may have let it run: a request is
+    /// charged once or, if its call failed, answered per the layer's failure
+    /// policy. [`Store::status`] reads go to a replica Sentinel knows (to the
+    /// primary when there is none).
+    ///
+    /// The sentinels' user name, password and TLS (`rediss://`) come from
+    /// their URLs; the data nodes' from [`node_username`](RedisStoreBuilder::node_username),
+    /// [`node_password`](RedisStoreBuilder::node_password),
+    /// [`node_db`](RedisStoreBuilder::node_db) and `node_tls` (with `tls`).
+    ///
+    /// ```
+    /// use tower_ratelimit::store::RedisStore;
+    /// let store = RedisStore::sentinel_builder("mymaster", ["redis://:sentinel-pw@10.0.0.1:26379"])
+    ///     .node_password("s3cret")
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_builder<I>(master: impl Into<String>, sentinel_urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        Self::builder_for(Target::Sentinel {
+            master: master.into(),
+            sentinels: sentinel_urls.into_iter().map(Into::into).collect(),
+            nodes: SentinelNodes::default(),
+        })
     }
 
     /// Connects now and returns the primary's `maxmemory-policy` (for start-up
     /// checks and health endpoints). Not needed: the store connects lazily.
     /// In a cluster, one node answers.
     pub async fn eviction_policy(&self) -> Result<String, StoreError> {
+        let budget = Duration::from_secs(5);
         let v: Vec<String> = self
             .inner
             .primary
-            .run(Call::Command(&eviction_policy_cmd()))
+            .run(Call::Command(&eviction_policy_cmd()), budget)
             .await?;
         policy_from_reply(&v)
     }
 
     /// The store's identity as a shard of a [`ShardedStore`](crate::store::ShardedStore):
-    /// its primary's `host:port/db` (the first seed node's for a cluster),
-    /// never its credentials.
+    /// its primary's `host:port/db` (the first seed node's for a cluster,
+    /// `sentinel/NAME/db` for a Sentinel-named primary), never its credentials.
     ///
     /// ```
     /// use tower_ratelimit::store::RedisStore;
@@ -501,13 +910,17 @@ impl RedisStore {
     }
 
     /// The primary's connections (for the coordinated mode's sync).
-    pub(crate) fn primary(&self) -> &Connections {
+    pub(crate) fn primary(&self) -> &Primary {
         &self.inner.primary
     }
 
     /// Whether this store talks to a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        self.inner.cluster
+        #[cfg(feature = "cluster")]
+        if let Primary::Cluster(_) = self.inner.primary {
+            return true;
+        }
+        false
     }
 
     /// The Redis key holding `key`'s state for the limiter `namespace`.
@@ -522,42 +935,7 @@ impl RedisStore {
             TimeSource::Redis => None,
         }
     }
-}
 
-/// Runs one `EVALSHA` of `script` on `lanes` within `budget`.
-async fn invoke<T: FromRedisValue>(
-    lanes: &Connections,
-    script: &'static redis::Script,
-    cmd: &redis::Cmd,
-    budget: Duration,
-) -> Result<T, StoreError> {
-    within(budget, lanes.run(Call::Eval { script, cmd })).await
-}
-
-/// `fut` within `limit`; past it, `Unavailable` saying that `what` did not
-/// come within it (`"redis cluster: no connection"` → `"… within 1s"`).
-pub(crate) async fn or_unavailable<T>(
-    limit: Duration,
-    what: &str,
-    fut: impl std::future::Future<Output = T>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(limit, fut)
-        .await
-        .map_err(|_| StoreError::Unavailable(format!("{what} within {limit:?}")))
-}
-
-/// Bounds a whole call (connection, re-sends, reply) by `budget`.
-async fn within<T>(
-    budget: Duration,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(budget, call).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::Timeout(budget)),
-    }
-}
-
-impl RedisStore {
     /// A one-request `EVALSHA` of `script` (refund, status) on `call`'s
     /// key: its keys, time, cost and the number of quotas.
     fn script_cmd(
@@ -581,6 +959,16 @@ impl RedisStore {
     }
 }
 
+/// Runs one `EVALSHA` of `script` on `primary` within `budget`.
+async fn invoke<T: FromRedisValue>(
+    primary: &Primary,
+    script: &'static redis::Script,
+    cmd: &redis::Cmd,
+    budget: Duration,
+) -> Result<T, StoreError> {
+    primary.run(Call::Eval { script, cmd }, budget).await
+}
+
 impl Store for RedisStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         let job = batch::Job {
@@ -588,19 +976,10 @@ impl Store for RedisStore {
             policy: call.policy.clone(),
             now: self.sent_now(call.now_ms),
             cost: call.cost,
+            timeout: call.timeout,
         };
-        let budget = call.timeout;
-        // Inside a runtime a batched charge is queued now (its lane's runner
-        // is spawned on that runtime) and waits on its reply in place, with
-        // no boxed future around it. Outside one it is queued when first
-        // polled; a cluster charge is sent alone.
-        if let (Connections::Lanes(lanes), Ok(_)) =
-            (&self.inner.primary, tokio::runtime::Handle::try_current())
-        {
-            return StoreFuture::reply(lanes.submit(job), budget, Err);
-        }
         let inner = self.inner.clone();
-        StoreFuture::pending(async move { inner.primary.charge(job, budget).await })
+        StoreFuture::pending(async move { inner.primary.charge(job).await })
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
@@ -629,11 +1008,28 @@ impl Store for RedisStore {
         let policy = call.policy.clone();
         let budget = call.timeout;
         StoreFuture::pending(async move {
-            let lanes = match inner.replicas.len() {
-                0 => &inner.primary,
-                n => &inner.replicas[inner.next_replica.fetch_add(1, Ordering::Relaxed) % n],
+            let script = &*scripts::STATUS;
+            let deadline = tokio::time::Instant::now() + budget;
+            let r: Vec<i64> = match inner.replicas.len() {
+                0 => invoke(&inner.primary, script, &cmd, budget).await?,
+                n => {
+                    let i = inner.next_replica.fetch_add(1, Ordering::Relaxed) % n;
+                    let call = Call::Eval { script, cmd: &cmd };
+                    match inner.replicas[i].run(call, budget).await {
+                        Ok(r) => r,
+                        // A read is safe to repeat: the primary answers
+                        // within what is left of the budget.
+                        Err(_) => {
+                            let left =
+                                deadline.saturating_duration_since(tokio::time::Instant::now());
+                            if left.is_zero() {
+                                return Err(StoreError::Timeout(budget));
+                            }
+                            invoke(&inner.primary, script, &cmd, left).await?
+                        }
+                    }
+                }
             };
-            let r: Vec<i64> = invoke(lanes, &scripts::STATUS, &cmd, budget).await?;
             reply::decode(&policy, None, sent_now, &r)
         })
     }
@@ -642,8 +1038,8 @@ impl Store for RedisStore {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
+            .field("redis", &self.inner.shown)
             .field("name", &self.inner.name)
-            .field("cluster", &self.inner.cluster)
             .field("prefix", &self.inner.prefix)
             .field("replicas", &self.inner.replicas.len())
             .field("time", &self.inner.time)

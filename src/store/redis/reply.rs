@@ -8,90 +8,11 @@ use crate::algorithm::{
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
 use crate::quota::{Algorithm, Policy, Quota};
-use deadpool_redis::redis::{Cmd, RedisWrite, ToRedisArgs};
+use deadpool_redis::redis::Cmd;
 use smallvec::SmallVec;
-use std::io::Write;
-
-/// Where a script call's arguments go: a redis-rs [`Cmd`], or RESP written
-/// straight into a lane's own socket buffer ([`Resp`]).
-pub(super) trait Args {
-    /// Adds one argument (several for a value that is several).
-    fn arg<T: ToRedisArgs>(&mut self, value: T) -> &mut Self;
-}
-
-impl Args for Cmd {
-    fn arg<T: ToRedisArgs>(&mut self, value: T) -> &mut Self {
-        Cmd::arg(self, value)
-    }
-}
-
-/// A command's arguments as RESP bulk strings, appended to a buffer that
-/// already holds the command's `*N` header.
-pub(super) struct Resp<'a>(pub(super) &'a mut Vec<u8>);
-
-impl Args for Resp<'_> {
-    fn arg<T: ToRedisArgs>(&mut self, value: T) -> &mut Self {
-        value.write_redis_args(self);
-        self
-    }
-}
-
-impl RedisWrite for Resp<'_> {
-    fn write_arg(&mut self, arg: &[u8]) {
-        let out = &mut *self.0;
-        let n = arg.len();
-        out.push(b'$');
-        // Nearly every argument is under 100 bytes (numbers, keys, hashes):
-        // its length's digits are pushed as they are, not formatted.
-        if n < 10 {
-            out.push(b'0' + n as u8);
-        } else if n < 100 {
-            out.push(b'0' + (n / 10) as u8);
-            out.push(b'0' + (n % 10) as u8);
-        } else {
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-        }
-        out.push(b'\r');
-        out.push(b'\n');
-        out.extend_from_slice(arg);
-        out.push(b'\r');
-        out.push(b'\n');
-    }
-
-    fn writer_for_next_arg(&mut self) -> impl Write + '_ {
-        NextArg {
-            out: self,
-            arg: Vec::new(),
-        }
-    }
-}
-
-/// One argument written piecewise; framed when done.
-struct NextArg<'r, 'a> {
-    out: &'r mut Resp<'a>,
-    arg: Vec<u8>,
-}
-
-impl Write for NextArg<'_, '_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.arg.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Drop for NextArg<'_, '_> {
-    fn drop(&mut self) {
-        let arg = std::mem::take(&mut self.arg);
-        self.out.write_arg(&arg);
-    }
-}
 
 /// Adds a quota's arguments (code, field prefix, a, b, c) to a script call.
-pub(super) fn quota_args(cmd: &mut impl Args, q: &Quota) {
+pub(super) fn quota_args(cmd: &mut Cmd, q: &Quota) {
     let (a, b, c) = match q.algorithm() {
         Algorithm::TokenBucket | Algorithm::Gcra => {
             let r = algorithm::rate_of(q);
@@ -116,7 +37,7 @@ pub(super) fn key_count(policy: &Policy) -> usize {
 }
 
 /// The time argument of a script call: Unix ms, or "" for Redis `TIME`.
-pub(super) fn time_arg(cmd: &mut impl Args, now: Option<u64>) {
+pub(super) fn time_arg(cmd: &mut Cmd, now: Option<u64>) {
     match now {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
@@ -125,7 +46,7 @@ pub(super) fn time_arg(cmd: &mut impl Args, now: Option<u64>) {
 
 /// The keys a call on `hash_key` touches: the hash, then one log per
 /// sliding-log quota (the hash's key, `:`, the quota's field prefix).
-pub(super) fn keys(cmd: &mut impl Args, hash_key: &[u8], policy: &Policy) {
+pub(super) fn keys(cmd: &mut Cmd, hash_key: &[u8], policy: &Policy) {
     cmd.arg(hash_key);
     for q in policy.quotas() {
         if q.algorithm() == Algorithm::SlidingLog {
@@ -269,24 +190,4 @@ pub(super) fn decode(
         )));
     }
     Ok(decision)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_argument_of_any_length_is_framed_as_redis_rs_frames_it() {
-        // Every length class of `write_arg`: 0, the one- and two-digit
-        // edges (9, 10, 99) and the formatted lengths from 100 on.
-        for n in 0..=1000 {
-            let arg = vec![b'a'; n];
-            let mut ours = Vec::new();
-            Resp(&mut ours).arg(&arg[..]);
-            let mut cmd = Cmd::new();
-            cmd.arg(&arg[..]);
-            // redis-rs's packed command is `*1\r\n` and then the argument's frame.
-            assert_eq!(ours, cmd.get_packed_command()[4..], "length {n}");
-        }
-    }
 }

@@ -1,0 +1,472 @@
+//! A role's connections ("lanes"), each one redis-rs multiplexed
+//! connection, and the batched charge path over them.
+//!
+//! Concurrent charges travel together: each lane has a queue and, while
+//! charges wait, a runner task. The runner yields once to the scheduler, so
+//! every request that is ready to run joins, then sends everything queued
+//! (up to [`MAX_BATCH`]) as one `EVALSHA` of `lua/charge.lua`, with at most
+//! [`BATCHES_IN_FLIGHT`] calls in flight on the lane, pipelined by redis-rs
+//! on the connection. An idle service therefore sends every request alone
+//! and at once; a busy one one call per scheduler pass; and when Redis falls
+//! behind, charges queue until a call comes back and leave together. No
+//! request ever waits for a timer or for a batch to fill.
+//!
+//! Safety:
+//! - Replies come back by position, one per request, into that request's own
+//!   channel: a reply can never reach another request.
+//! - A request whose caller gave up (timed out, dropped) before its batch left
+//!   is taken out of it and never charged.
+//! - `NOSCRIPT` means the script did not run at all: the script is loaded and
+//!   the batch sent once more, never charged twice. Nothing else is re-sent:
+//!   not after an I/O error, not after a timeout.
+//! - A failure of one request inside the script (say, its key holds another
+//!   type) answers that request with an error and leaves the rest of the
+//!   batch alone; a failure of the call (connection, timeout, `OOM`, `BUSY`)
+//!   answers every request of the batch with it, through the layer's failure
+//!   policy.
+//! - A lane's queue holds at most [`MAX_QUEUED`] requests; past that a charge
+//!   fails at once rather than queueing behind a stalled Redis.
+//! - A runner dropped mid-way (its runtime shut down) marks its lane idle and
+//!   answers what was queued with an error, so a store shared by several
+//!   runtimes keeps working from the others.
+
+use super::batch::{self, Job, JobReply};
+use super::node::{Conn, Node};
+use super::EvictionCheck;
+use crate::error::StoreError;
+use deadpool_redis::redis::aio::ConnectionLike;
+use deadpool_redis::redis::{self, Cmd, FromRedisValue, RedisError, RedisResult, Script, Value};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use smallvec::SmallVec;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+/// The most requests one script call carries (about 0.2 ms of Redis time for
+/// single-quota policies, so no batch holds Redis for long).
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// Batches one lane may have in flight at once.
+pub(crate) const BATCHES_IN_FLIGHT: usize = 4;
+
+/// The most requests waiting on one lane.
+pub(crate) const MAX_QUEUED: usize = 4096;
+
+/// A connection unused for this long is checked before it carries a call:
+/// the server (its `timeout`), a proxy or `CLIENT KILL` may have closed it.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+type Sender = oneshot::Sender<JobReply>;
+
+/// The connections of one role: to the primary (or a Sentinel-named
+/// primary), or to one replica.
+pub(crate) struct Lanes {
+    node: Node,
+    /// Checked on every new connection (the primary's), or not at all.
+    eviction: Option<EvictionCheck>,
+    response_timeout: Duration,
+    lanes: Box<[Lane]>,
+    next: AtomicUsize,
+}
+
+struct Lane {
+    /// The open connection and when it was last handed out. Locked while a
+    /// new one is made, so concurrent callers wait for one connection
+    /// instead of each making their own.
+    conn: tokio::sync::Mutex<Option<(Conn, Instant)>>,
+    queue: Mutex<Queue>,
+    /// Wakes the lane's runner when a charge starts a new batch.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<(Job, Sender)>,
+    /// Whether a runner task is sending this lane's batches.
+    running: bool,
+}
+
+fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
+    q.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One call: a script (sent as `EVALSHA`, loaded and re-sent after
+/// `NOSCRIPT`) or a plain command.
+#[derive(Clone, Copy)]
+pub(crate) enum Call<'a> {
+    Eval { script: &'a Script, cmd: &'a Cmd },
+    Command(&'a Cmd),
+}
+
+impl Call<'_> {
+    /// Sends the call once on `conn`. A script call is re-sent only after
+    /// `NOSCRIPT`, when nothing ran (the script is loaded first); any other
+    /// error is returned, never retried.
+    pub(crate) async fn send<T: FromRedisValue>(
+        self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> RedisResult<T> {
+        match self {
+            Call::Eval { script, cmd } => match cmd.query_async(conn).await {
+                Err(e) if is_noscript(&e) => {
+                    script.load_async(conn).await?;
+                    cmd.query_async(conn).await
+                }
+                r => r,
+            },
+            Call::Command(cmd) => cmd.query_async(conn).await,
+        }
+    }
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+impl Lanes {
+    pub(crate) fn new(
+        node: Node,
+        n: usize,
+        eviction: Option<EvictionCheck>,
+        response_timeout: Duration,
+    ) -> Self {
+        Self {
+            node,
+            eviction,
+            response_timeout,
+            lanes: (0..n.max(1))
+                .map(|_| Lane {
+                    conn: tokio::sync::Mutex::new(None),
+                    queue: Mutex::default(),
+                    wake: Notify::new(),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn next_lane(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()
+    }
+
+    /// Lane `i`'s connection: the open one, or a new one (checked for
+    /// eviction on a primary).
+    async fn connection(&self, i: usize) -> Result<Conn, StoreError> {
+        let mut slot = self.lanes[i].conn.lock().await;
+        if let Some((conn, used)) = slot.as_mut() {
+            if !conn.is_closed() && (used.elapsed() < IDLE_CHECK || conn.is_open().await) {
+                *used = Instant::now();
+                return Ok(conn.clone());
+            }
+        }
+        *slot = None;
+        let mut conn = self.node.connect().await?;
+        if let Some(check) = self.eviction {
+            super::check_eviction(check, &mut conn, self.node.shown()).await?;
+        }
+        *slot = Some((conn.clone(), Instant::now()));
+        Ok(conn)
+    }
+
+    /// Lane `i`'s connection by `deadline` (`budget` after the call began).
+    async fn open(
+        &self,
+        i: usize,
+        deadline: Instant,
+        budget: Duration,
+    ) -> Result<Conn, StoreError> {
+        match tokio::time::timeout_at(deadline, self.connection(i)).await {
+            Ok(conn) => conn,
+            Err(_) => Err(StoreError::Timeout(budget)),
+        }
+    }
+
+    /// The answer `call` gets on `conn` by `deadline`. A connection that
+    /// broke, or that has answered nothing for the response timeout, is
+    /// closed: the next call makes a new one.
+    async fn answer<T>(
+        &self,
+        conn: &Conn,
+        deadline: Instant,
+        budget: Duration,
+        call: impl Future<Output = Result<T, Failed>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout_at(deadline, call).await {
+            Ok(Ok(v)) => {
+                conn.answered();
+                Ok(v)
+            }
+            Ok(Err(Failed::Redis(e))) => {
+                if breaks_connection(&e) {
+                    conn.close();
+                } else {
+                    // An error reply is an answer: the connection works.
+                    conn.answered();
+                }
+                Err(redis_error(e))
+            }
+            Ok(Err(Failed::Store(e))) => Err(e),
+            Err(_) => {
+                if conn.stalled_for(self.response_timeout) {
+                    conn.close();
+                }
+                Err(StoreError::Timeout(budget))
+            }
+        }
+    }
+
+    /// Runs `call` on the next lane within `budget`, connecting included.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        call: Call<'_>,
+        budget: Duration,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + budget;
+        let conn = self.open(self.next_lane(), deadline, budget).await?;
+        let mut c = conn.clone();
+        let sent = async move { Ok(call.send(&mut c).await?) };
+        self.answer(&conn, deadline, budget, sent).await
+    }
+
+    /// Sends `pipe` in one round trip on the next lane within `budget` (the
+    /// coordinated mode's sync; never on a request's path).
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        budget: Duration,
+    ) -> Result<Vec<Value>, StoreError> {
+        let deadline = Instant::now() + budget;
+        let conn = self.open(self.next_lane(), deadline, budget).await?;
+        let mut c = conn.clone();
+        let sent = async move { Ok(pipe.query_async::<Vec<Value>>(&mut c).await?) };
+        self.answer(&conn, deadline, budget, sent).await
+    }
+
+    /// Queues `job` on a lane (an idle one if any) and starts that lane's
+    /// runner if it was idle; the answer comes on the returned channel.
+    /// Called inside a tokio runtime: the runner is spawned on it.
+    pub(crate) fn submit(self: &Arc<Self>, job: Job) -> oneshot::Receiver<JobReply> {
+        let (tx, rx) = oneshot::channel();
+        let first = self.next_lane();
+        let n = self.lanes.len();
+        // Each lane is locked once: the first idle one takes the job, else the
+        // last one tried.
+        for k in 0..n {
+            let lane = (first + k) % n;
+            let mut q = lock(&self.lanes[lane].queue);
+            if q.running && k + 1 < n {
+                continue;
+            }
+            if q.waiting.len() >= MAX_QUEUED {
+                let _ = tx.send(Err(StoreError::Unavailable(format!(
+                    "{MAX_QUEUED} charges already wait for this redis connection"
+                ))));
+                return rx;
+            }
+            q.waiting.push((job, tx));
+            let starts_batch = q.waiting.len() == 1;
+            if !std::mem::replace(&mut q.running, true) {
+                drop(q);
+                // Made before the task: a task dropped before its first poll
+                // (a runtime shutting down) still marks the lane idle.
+                let running = Running {
+                    lanes: self.clone(),
+                    lane,
+                    finished: false,
+                };
+                tokio::spawn(run_batches(running));
+            } else if starts_batch {
+                // One wake per batch, not per request.
+                self.lanes[lane].wake.notify_one();
+            }
+            return rx;
+        }
+        unreachable!("a store has at least one connection")
+    }
+
+    /// Charges `batch` on lane `lane` within its budget, connecting
+    /// included, and hands each request its answer.
+    async fn send_batch(&self, lane: usize, mut batch: Batch) {
+        let budget = batch.budget();
+        let deadline = Instant::now() + budget;
+        let conn = match self.open(lane, deadline, budget).await {
+            Ok(conn) => conn,
+            Err(e) => return batch.deliver(Err(e)),
+        };
+        // Connecting may have taken a while: callers that gave up meanwhile
+        // are not charged.
+        batch.drop_abandoned();
+        if batch.jobs.is_empty() {
+            return;
+        }
+        let jobs = &batch.jobs;
+        let mut c = conn.clone();
+        let sent = async move {
+            let (script, cmd) = batch::command(jobs);
+            let reply: Vec<Value> = Call::Eval { script, cmd: &cmd }.send(&mut c).await?;
+            batch::answers(&reply, jobs).map_err(Failed::Store)
+        };
+        let answers = self.answer(&conn, deadline, budget, sent).await;
+        if answers.as_ref().is_ok_and(|a| a.iter().any(is_readonly)) {
+            // A demoted primary: the next connection finds the new one
+            // (through Sentinel), or fails again.
+            conn.close();
+        }
+        batch.deliver(answers);
+    }
+}
+
+/// Why a call failed: redis-rs's error, or ours (a reply of the wrong shape).
+enum Failed {
+    Redis(RedisError),
+    Store(StoreError),
+}
+
+impl From<RedisError> for Failed {
+    fn from(e: RedisError) -> Self {
+        Failed::Redis(e)
+    }
+}
+
+fn is_readonly(answer: &JobReply) -> bool {
+    answer.as_ref().is_err_and(|e| e.kind() == "readonly")
+}
+
+/// A lane's runner: marks the lane idle and answers what is still queued
+/// (with an error, by dropping the senders) if the runner is dropped mid-way
+/// or before it ever ran (its runtime shut down).
+struct Running {
+    lanes: Arc<Lanes>,
+    lane: usize,
+    finished: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut q = lock(&self.lanes.lanes[self.lane].queue);
+            q.waiting.clear();
+            q.running = false;
+        }
+    }
+}
+
+/// Sends lane `lane`'s batches until its queue is empty and every reply is in.
+async fn run_batches(mut running: Running) {
+    let lanes = running.lanes.clone();
+    let lane = &lanes.lanes[running.lane];
+    let mut in_flight = FuturesUnordered::new();
+    // Let every request that is ready to run join the first batch: one pass
+    // of the scheduler, never a timer.
+    tokio::task::yield_now().await;
+    loop {
+        if in_flight.len() < BATCHES_IN_FLIGHT {
+            let mut batch = Batch::default();
+            {
+                let mut q = lock(&lane.queue);
+                if q.waiting.is_empty() && in_flight.is_empty() {
+                    q.running = false;
+                    running.finished = true;
+                    return;
+                }
+                batch.take(&mut q);
+            }
+            if !batch.jobs.is_empty() {
+                in_flight.push(lanes.send_batch(running.lane, batch));
+                continue;
+            }
+        }
+        let room = in_flight.len() < BATCHES_IN_FLIGHT;
+        tokio::select! {
+            biased;
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            () = lane.wake.notified(), if room => {
+                // A new batch is queued: let the rest of it join first.
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+/// A batch: its requests and, in the same order, where their answers go.
+#[derive(Default)]
+struct Batch {
+    jobs: Vec<Job>,
+    senders: Vec<Sender>,
+}
+
+impl Batch {
+    /// Takes the next batch off a queue: up to [`MAX_BATCH`] requests whose
+    /// callers still wait (those that gave up before their batch left are
+    /// never charged). Empty if none still wait.
+    fn take(&mut self, q: &mut Queue) {
+        let n = q.waiting.len().min(MAX_BATCH);
+        for (job, tx) in q.waiting.drain(..n).filter(|(_, tx)| !tx.is_closed()) {
+            self.jobs.push(job);
+            self.senders.push(tx);
+        }
+    }
+
+    /// The batch's time budget: the shortest of its requests'.
+    fn budget(&self) -> Duration {
+        self.jobs
+            .iter()
+            .map(|j| j.timeout)
+            .min()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Takes out, in place and in order, the requests whose callers gave up
+    /// since the batch was taken.
+    fn drop_abandoned(&mut self) {
+        let open: SmallVec<[bool; MAX_BATCH]> =
+            self.senders.iter().map(|tx| !tx.is_closed()).collect();
+        let mut keep = open.iter().copied();
+        self.jobs.retain(|_| keep.next().unwrap_or(true));
+        let mut keep = open.iter().copied();
+        self.senders.retain(|_| keep.next().unwrap_or(true));
+    }
+
+    /// Hands each request its answer, or all of them the whole batch's error.
+    fn deliver(self, answers: Result<Vec<JobReply>, StoreError>) {
+        match answers {
+            Ok(answers) => {
+                for (tx, a) in self.senders.into_iter().zip(answers) {
+                    let _ = tx.send(a);
+                }
+            }
+            Err(e) => {
+                for tx in self.senders {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Whether a connection that produced `err` must not be used again.
+pub(crate) fn breaks_connection(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+        || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}
+
+/// The store error for a redis-rs error.
+pub(crate) fn redis_error(err: RedisError) -> StoreError {
+    if err.is_timeout() {
+        StoreError::Unavailable(format!("redis timed out: {err}"))
+    } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        StoreError::Unavailable(format!("redis connection failed: {err}"))
+    } else {
+        StoreError::Response {
+            code: err.code().map(str::to_owned),
+            message: err.to_string(),
+        }
+    }
+}
