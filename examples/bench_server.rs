@@ -73,9 +73,14 @@ struct Args {
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
-    /// Redis for the `redis` and `naive` variants.
+    /// Redis for the `redis` and `naive` variants (`rediss://` for TLS, with
+    /// the `tls` feature).
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
+    /// A CA certificate (PEM file) that the `redis` variants trust for a
+    /// `rediss://` URL (feature `tls`).
+    #[arg(long)]
+    redis_ca: Option<std::path::PathBuf>,
     /// Multiplexed connections of the `redis` variant; pool size of `naive`
     /// (times 8).
     #[arg(long, default_value_t = 1)]
@@ -146,10 +151,15 @@ async fn serve(args: Args) {
                 .inner_body(),
         ),
         Variant::Redis | Variant::RedisBare => {
-            let store = RedisStore::builder(&args.redis_url)
-                .connections(args.connections)
-                .build()
-                .expect("redis store");
+            #[allow(unused_mut)]
+            let mut store = RedisStore::builder(&args.redis_url).connections(args.connections);
+            #[cfg(feature = "tls")]
+            if let Some(ca) = &args.redis_ca {
+                store = store.tls_ca_pem(std::fs::read(ca).expect("--redis-ca"));
+            }
+            #[cfg(not(feature = "tls"))]
+            assert!(args.redis_ca.is_none(), "--redis-ca needs the tls feature");
+            let store = store.build().expect("redis store");
             let mut b = RateLimitLayer::builder()
                 .quota(quota)
                 .key(PeerIp::new())

@@ -10,6 +10,13 @@
 //!     --redis-url redis://10.0.0.1 --redis-url redis://10.0.0.2 --redis-url redis://10.0.0.3
 //! cargo run --example demo --features cluster -- --store redis \
 //!     --redis-cluster redis://10.0.0.1:7000,redis://10.0.0.2:7000
+//! # A managed Redis over TLS, with its CA (and a client certificate for mutual TLS).
+//! cargo run --example demo --features tls -- --store redis \
+//!     --redis-url rediss://:PASSWORD@redis.example.com:6380 --redis-ca ca.pem \
+//!     --redis-cert client.pem --redis-key client.key
+//! # The primary Sentinel names.
+//! cargo run --example demo --features sentinel -- --store redis \
+//!     --redis-sentinel redis://10.0.0.1:26379,redis://10.0.0.2:26379 --sentinel-master mymaster
 //! ```
 //!
 //! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
@@ -39,7 +46,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::shed::{LoadShedLayer, Priority};
-use tower_ratelimit::store::{RedisStore, ShardedStore, Store};
+use tower_ratelimit::store::{RedisStore, RedisStoreBuilder, ShardedStore, Store};
 use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, RateLimitLayer};
 
 #[derive(Parser, Debug)]
@@ -62,6 +69,25 @@ struct Args {
     /// `cluster` feature): selects Cluster mode instead of `--redis-url`.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redis_url", "replica_url"])]
     redis_cluster: Vec<String>,
+    /// Sentinels that name the primary, comma-separated (with `--store redis`
+    /// and `--sentinel-master`; needs the `sentinel` feature). With
+    /// `rediss://` sentinels the data nodes are reached over TLS too.
+    #[arg(long, value_delimiter = ',', num_args = 1.., requires = "sentinel_master",
+          conflicts_with_all = ["redis_url", "replica_url", "redis_cluster"])]
+    redis_sentinel: Vec<String>,
+    /// The name Sentinel knows the primary by (with `--redis-sentinel`).
+    #[arg(long, requires = "redis_sentinel")]
+    sentinel_master: Option<String>,
+    /// A CA certificate (PEM file) to trust for `rediss://` servers instead of
+    /// the system's roots (needs the `tls` feature).
+    #[arg(long)]
+    redis_ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM file) for mutual TLS, with `--redis-key`.
+    #[arg(long, requires = "redis_key")]
+    redis_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM file), with `--redis-cert`.
+    #[arg(long, requires = "redis_cert")]
+    redis_key: Option<std::path::PathBuf>,
     /// Requests allowed per window.
     #[arg(long, default_value_t = 10)]
     limit: u64,
@@ -203,54 +229,105 @@ async fn rate_limit(State(layer): State<RateLimitLayer>, req: Request) -> Respon
     }
 }
 
-/// One primary (with its replicas), several primaries as shards, or a cluster.
+/// One primary (with its replicas), several primaries as shards, a cluster,
+/// or the primary Sentinel names.
 fn redis_store(args: &Args) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>> {
     if !args.redis_cluster.is_empty() {
-        return cluster_store(&args.redis_cluster);
+        return Ok(Arc::new(cluster_store(args)?));
     }
-    match args.redis_url.as_slice() {
-        [] | [_] => {
-            let url = args
-                .redis_url
-                .first()
-                .map_or("redis://127.0.0.1:6379", |u| u);
-            let mut store = RedisStore::builder(url);
-            for r in &args.replica_url {
-                store = store.replica(r);
-            }
-            Ok(Arc::new(store.build()?))
+    if args.redis_url.len() > 1 {
+        if !args.replica_url.is_empty() {
+            return Err(
+                "--replica-url belongs to one primary: use it with a single --redis-url".into(),
+            );
         }
-        urls => {
-            if !args.replica_url.is_empty() {
-                return Err(
-                    "--replica-url belongs to one primary: use it with a single --redis-url".into(),
-                );
-            }
-            Ok(Arc::new(ShardedStore::from_urls(urls.iter().cloned())?))
+        let mut shards = ShardedStore::builder();
+        for url in &args.redis_url {
+            shards = shards.shard(tls(RedisStore::builder(url), args)?.build()?);
         }
+        return Ok(Arc::new(shards.build()?));
     }
+    Ok(Arc::new(single_store(args)?))
 }
 
-/// The one primary (default `redis://127.0.0.1:6379`) with its replicas.
+/// The one primary: the one Sentinel names, or the one at `--redis-url`
+/// (default `redis://127.0.0.1:6379`) with its replicas.
 fn single_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    if !args.redis_sentinel.is_empty() {
+        return sentinel_store(args);
+    }
     let url = args
         .redis_url
         .first()
         .map_or("redis://127.0.0.1:6379", |u| u);
-    let mut store = RedisStore::builder(url);
+    let mut store = tls(RedisStore::builder(url), args)?;
     for r in &args.replica_url {
         store = store.replica(r);
     }
     Ok(store.build()?)
 }
 
+/// `builder` with the `--redis-ca`, `--redis-cert` and `--redis-key` files.
+#[cfg(feature = "tls")]
+fn tls(
+    mut builder: RedisStoreBuilder,
+    args: &Args,
+) -> Result<RedisStoreBuilder, Box<dyn std::error::Error>> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    };
+    if let Some(ca) = &args.redis_ca {
+        builder = builder.tls_ca_pem(read(ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&args.redis_cert, &args.redis_key) {
+        builder = builder.tls_client_cert_pem(read(cert)?, read(key)?);
+    }
+    Ok(builder)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls(
+    builder: RedisStoreBuilder,
+    args: &Args,
+) -> Result<RedisStoreBuilder, Box<dyn std::error::Error>> {
+    if args.redis_ca.is_some() || args.redis_cert.is_some() {
+        return Err(
+            "--redis-ca, --redis-cert and --redis-key need the demo built with the `tls` feature"
+                .into(),
+        );
+    }
+    Ok(builder)
+}
+
+#[cfg(feature = "sentinel")]
+fn sentinel_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    let master = args.sentinel_master.as_deref().unwrap_or_default();
+    let builder = tls(
+        RedisStore::sentinel_builder(master, args.redis_sentinel.iter().cloned()),
+        args,
+    )?;
+    #[cfg(feature = "tls")]
+    let builder = if args.redis_sentinel.iter().all(|u| u.starts_with("rediss:")) {
+        builder.node_tls()
+    } else {
+        builder
+    };
+    Ok(builder.build()?)
+}
+
+#[cfg(not(feature = "sentinel"))]
+fn sentinel_store(_: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    Err("--redis-sentinel needs the demo built with the `sentinel` feature".into())
+}
+
 #[cfg(feature = "cluster")]
-fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>> {
-    Ok(Arc::new(RedisStore::cluster(urls.iter().cloned())?))
+fn cluster_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    let urls = args.redis_cluster.iter().cloned();
+    Ok(tls(RedisStore::cluster_builder(urls), args)?.build()?)
 }
 
 #[cfg(not(feature = "cluster"))]
-fn cluster_store(_: &[String]) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>> {
+fn cluster_store(_: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
     Err("--redis-cluster needs the demo built with the `cluster` feature".into())
 }
 
@@ -258,7 +335,7 @@ fn cluster_store(_: &[String]) -> Result<Arc<dyn Store>, Box<dyn std::error::Err
 /// (the same Redis as the rate limit, on its own connections) or the cluster.
 fn slot_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
     if !args.redis_cluster.is_empty() {
-        return cluster_slots(&args.redis_cluster);
+        return cluster_store(args);
     }
     if args.redis_url.len() > 1 {
         return Err(
@@ -267,16 +344,6 @@ fn slot_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
         );
     }
     single_store(args)
-}
-
-#[cfg(feature = "cluster")]
-fn cluster_slots(urls: &[String]) -> Result<RedisStore, Box<dyn std::error::Error>> {
-    Ok(RedisStore::cluster(urls.iter().cloned())?)
-}
-
-#[cfg(not(feature = "cluster"))]
-fn cluster_slots(_: &[String]) -> Result<RedisStore, Box<dyn std::error::Error>> {
-    Err("--redis-cluster needs the demo built with the `cluster` feature".into())
 }
 
 #[tokio::main]
@@ -347,7 +414,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             if let Mode::Coordinated = args.mode {
                 // The coordinated mode syncs its counts through one standalone Redis.
                 if args.redis_url.len() > 1 || !args.redis_cluster.is_empty() {
-                    return Err("--mode coordinated needs a single --redis-url".into());
+                    return Err(
+                        "--mode coordinated needs a single --redis-url or --redis-sentinel".into(),
+                    );
                 }
                 let store = single_store(&args)?;
                 builder = builder
@@ -356,8 +425,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 builder = builder.store(redis_store(&args)?);
             }
-        } else if !args.redis_url.is_empty() || !args.redis_cluster.is_empty() {
-            return Err("--redis-url and --redis-cluster need --store redis".into());
+        } else if !args.redis_url.is_empty()
+            || !args.redis_cluster.is_empty()
+            || !args.redis_sentinel.is_empty()
+        {
+            return Err(
+                "--redis-url, --redis-cluster and --redis-sentinel need --store redis".into(),
+            );
         } else if let Mode::Coordinated = args.mode {
             return Err("--mode coordinated needs --store redis".into());
         }

@@ -47,9 +47,24 @@ BIN=$CARGO_TARGET_DIR/release/examples
 
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
-install_missing "wrk redis-server" wrk redis-server redis-cli
+install_missing "wrk redis-server openssl" wrk redis-server redis-cli openssl
 
-cargo build --quiet --release --features redis --example bench_server --example loadgen
+cargo build --quiet --release --features redis,tls --example bench_server --example loadgen
+
+# Variants named VARIANT@base run the bench_server of BASE_REV (the working
+# tree's examples/bench_server.rs built against that revision of the crate),
+# side by side with the working tree's, in the same rounds.
+BASE_BIN=""
+if [ -n "${BASE_REV:-}" ]; then
+  BASE_REV=$(revision "$BASE_REV")
+  BASE_TREE=$(mktemp -d)
+  rmdir "$BASE_TREE"
+  # A target directory of its own, kept between runs: a rebuild of the same
+  # revision is quick.
+  build_at "$BASE_REV" "$BASE_TREE" bench_server "$CARGO_TARGET_DIR/bench-base" --features redis
+  git worktree remove --force "$BASE_TREE"
+  BASE_BIN=$CARGO_TARGET_DIR/bench-base/release/examples/bench_server
+fi
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -60,8 +75,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# One Redis for every variant: plain TCP on RPORT and, for the redis-tls
+# variants, TLS on TPORT with a CA made for the run.
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=bench CA" \
+  -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+  -keyout "$WORK/redis.key" -out "$WORK/redis.csr" 2>/dev/null
+openssl x509 -req -in "$WORK/redis.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial \
+  -days 2 -extfile <(printf 'subjectAltName=IP:127.0.0.1') -out "$WORK/redis.pem" 2>/dev/null
 RPORT=$(free_port)
+TPORT=$(free_port)
 taskset -c "$LOAD_CPU" redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --tls-port "$TPORT" --tls-cert-file "$WORK/redis.pem" --tls-key-file "$WORK/redis.key" \
+  --tls-ca-cert-file "$WORK/ca.pem" --tls-auth-clients no \
   >"$WORK/redis.log" 2>&1 &
 RPID=$!
 PIDS+=("$RPID")
@@ -83,11 +109,25 @@ redis_cmds() {
 SRV_PID=""
 SRV_ADDR=""
 start_server() { # variant [extra args...]
-  local v=$1
+  local v=$1 bin=$BIN/bench_server url="redis://127.0.0.1:$RPORT" tls=()
   shift
+  case $v in
+    *@base)
+      [ -n "$BASE_BIN" ] || { echo "bench.sh: $v needs BASE_REV" >&2; exit 2; }
+      v=${v%@base}
+      bin=$BASE_BIN
+      ;;
+  esac
+  case $v in
+    redis-tls | redis-tls-bare)
+      url="rediss://127.0.0.1:$TPORT"
+      tls=(--redis-ca "$WORK/ca.pem")
+      v=${v/-tls/}
+      ;;
+  esac
   # shellcheck disable=SC2086 # APP_ENV: one word per assignment
-  env $APP_ENV taskset -c "$APP_CPU" "$BIN/bench_server" --variant "$v" --listen 127.0.0.1:0 --workers 1 \
-    --redis-url "redis://127.0.0.1:$RPORT" "$@" >"$WORK/srv.out" 2>"$WORK/srv.err" &
+  env $APP_ENV taskset -c "$APP_CPU" "$bin" --variant "$v" --listen 127.0.0.1:0 --workers 1 \
+    --redis-url "$url" "${tls[@]}" "$@" >"$WORK/srv.out" 2>"$WORK/srv.err" &
   SRV_PID=$!
   PIDS+=("$SRV_PID")
   for _ in $(seq 200); do

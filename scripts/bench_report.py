@@ -31,15 +31,22 @@ def per_round(v, against="none"):
     if v not in sat or against not in sat:
         return None
     return [x[0] / b[0] for x, b in zip(sat[v], sat[against])]
-order = [v for v in ["none", "none-headers", "governor", "governor-headers", "memory", "memory-bare", "redis", "redis-bare", "multiplexed", "naive"] if v in sat]
+known = ["none", "none-headers", "governor", "governor-headers", "memory", "memory-bare", "redis", "redis-bare",
+         "redis-tls", "redis-tls-bare", "multiplexed", "naive"]
 names = {"none": "no limiter", "none-headers": "no limiter, four constant x-ratelimit-* headers",
          "governor": "tower_governor 0.8 (memory)",
          "governor-headers": "tower_governor 0.8, use_headers() (2 headers)", "memory": "tower-ratelimit, memory",
          "memory-bare": "tower-ratelimit, memory, no headers",
          "redis": "tower-ratelimit, Redis",
          "redis-bare": "tower-ratelimit, Redis, no headers",
+         "redis-tls": "tower-ratelimit, Redis over TLS",
+         "redis-tls-bare": "tower-ratelimit, Redis over TLS, no headers",
          "multiplexed": "one shared multiplexed connection + EVALSHA per request",
          "naive": "naive deadpool + EVALSHA per request"}
+# VARIANT@base: the same variant built from the baseline revision (BASE_REV).
+for v in known:
+    names[v + "@base"] = names[v] + " (baseline revision)"
+order = [v for k in known for v in (k, k + "@base") if v in sat]
 base = med([s[0] for s in sat["none"]]) if "none" in sat else None
 fixed_note = f"fixed rate: examples/loadgen.rs for {fsecs}s. " if fix else ""
 print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -c{conns} -d{secs}s; "
@@ -72,7 +79,10 @@ if "none" in sat and len(sat["none"]) > 1:
     for v, against, label in [
             ("memory", "none-headers", "the no-limiter app sending four constant headers"),
             ("memory-bare", "governor", "tower_governor (neither sends headers)"),
-            ("redis-bare", "multiplexed", "the multiplexed EVALSHA limiter (neither sends headers)")]:
+            ("redis-bare", "multiplexed", "the multiplexed EVALSHA limiter (neither sends headers)")] + [
+            (v, v + "@base", "the baseline revision") for v in known] + [
+            ("redis-tls", "redis", "itself over plain TCP"),
+            ("redis-tls-bare", "redis-bare", "itself over plain TCP")]:
         rs = per_round(v, against)
         if rs:
             print(f"| {names[v]}, against {label} | "

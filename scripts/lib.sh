@@ -84,7 +84,7 @@ build_at() { # rev tree name target [cargo args...]
   shift 4
   git worktree add --quiet --detach "$tree" "$rev"
   cp "examples/$name.rs" "$tree/examples/$name.rs"
-  if ! grep -q "fn inner_body" "$tree/src/layer.rs"; then
+  if ! grep -rq "fn inner_body" "$tree/src"; then
     echo "$(basename "$0"): $rev has no inner_body(); its $name wraps response bodies" >&2
     sed -i 's/\.inner_body()//' "$tree/examples/$name.rs"
   fi

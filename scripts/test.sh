@@ -3,13 +3,15 @@
 #
 #   scripts/test.sh [extra cargo test args...]
 #
-# * Installs redis-server + redis-cli (Debian: redis-server, redis-tools) when
-#   they are missing, without starting the distro's redis service. Tests never
-#   use the system service or port 6379: the harness in tests/support/redis.rs
-#   starts its own redis-server processes on free 127.0.0.1 ports and kills
-#   them by PID.
-# * Under CI=true a missing Redis is an error, and REQUIRE_REDIS=1 is exported
-#   so that Redis tests fail instead of being skipped.
+# * Installs what the tests run when it is missing, without starting any
+#   distribution service: redis-server and redis-cli (Debian: redis-server,
+#   redis-tools), redis-sentinel, and the openssl CLI (the TLS tests make
+#   their own CA and certificates with it). Tests never use the system
+#   service or port 6379: the harness in tests/support/ starts its own
+#   redis-server and redis-sentinel processes on free 127.0.0.1 ports (or
+#   Unix sockets) and kills them by PID.
+# * Under CI=true anything still missing is an error, and REQUIRE_REDIS=1 is
+#   exported so that Redis tests fail instead of being skipped.
 # * Runs `cargo test --all-features --all-targets` and then the doctests
 #   (`--all-targets` does not include them), passing "$@" to both.
 set -euo pipefail
@@ -27,21 +29,22 @@ is_ci() {
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
-have_redis() { have redis-server && have redis-cli; }
+have_all() { have redis-server && have redis-cli && have redis-sentinel && have openssl; }
 
-if ! have_redis; then
-  echo "==> redis-server/redis-cli not found: installing redis-server redis-tools (apt-get)"
-  apt_install redis-server redis-tools || echo "test.sh: installing redis failed" >&2
+if ! have_all; then
+  echo "==> installing what is missing of redis-server redis-tools redis-sentinel openssl (apt-get)"
+  apt_install redis-server redis-tools redis-sentinel openssl || echo "test.sh: installing failed" >&2
 fi
 
-if have_redis; then
+if have_all; then
   echo "==> using $(command -v redis-server): $(redis-server --version)"
 elif is_ci; then
-  echo "test.sh: redis-server/redis-cli still missing under CI=true; the Redis tests cannot run." >&2
-  echo "test.sh: install the Debian packages redis-server and redis-tools." >&2
+  echo "test.sh: redis-server, redis-cli, redis-sentinel or openssl still missing under CI=true;" >&2
+  echo "test.sh: the Redis tests cannot run. Install the Debian packages redis-server," >&2
+  echo "test.sh: redis-tools, redis-sentinel and openssl." >&2
   exit 1
 else
-  echo "!!!!!!!!!! redis-server/redis-cli missing: the Redis tests will be SKIPPED !!!!!!!!!!" >&2
+  echo "!!!!!!!!!! redis-server, redis-sentinel or openssl missing: the Redis tests will be SKIPPED or fail !!!!!!!!!!" >&2
 fi
 
 if is_ci; then

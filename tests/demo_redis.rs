@@ -1,12 +1,15 @@
 //! The demo server's Redis flags, exercised on the built example as a black
 //! box against `redis-server` processes started by the tests: one
-//! `--redis-url`, several (sharded), and `--redis-cluster`.
+//! `--redis-url`, several (sharded), `--redis-cluster`, a TLS Redis with
+//! `--redis-ca`, `--redis-cert` and `--redis-key`, and `--redis-sentinel`.
 #![cfg(feature = "cluster")]
 
 #[path = "support/example.rs"]
 mod example;
 #[path = "support/http.rs"]
 mod http_support;
+#[path = "support/managed.rs"]
+mod managed;
 #[path = "support/redis.rs"]
 mod redis_support;
 
@@ -147,4 +150,49 @@ fn contradictory_redis_flags_are_refused_with_a_message() {
         assert!(!out.stderr.is_empty(), "{args:?} gave no message");
         assert!(out.stdout.is_empty(), "{args:?} printed `listening on`");
     }
+}
+
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_tls_redis_asking_for_client_certificates_is_reached_with_the_tls_flags() {
+    if !managed::require("openssl") {
+        return;
+    }
+    let certs = managed::Certs::make();
+    let server = managed::TlsRedis::start(&certs, true, &[]);
+    let demo = demo(&[
+        "--redis-url",
+        &server.url(),
+        "--redis-ca",
+        &certs.path("ca.pem"),
+        "--redis-cert",
+        &certs.path("client.pem"),
+        "--redis-key",
+        &certs.path("client.key"),
+    ]);
+    limits_clients(&demo, 2).await;
+    assert_eq!(dbsize(&server.server), 2);
+    assert!(demo.terminate().success());
+}
+
+#[cfg(feature = "sentinel")]
+#[tokio::test]
+async fn the_primary_sentinel_names_holds_the_demos_state() {
+    if !managed::require("redis-sentinel") {
+        return;
+    }
+    let primary = RedisServer::start();
+    let replica = RedisServer::replica_of(&primary);
+    replica.wait_for_sync(&primary);
+    let sentinels = managed::sentinels(primary.port(), &managed::SentinelOptions::default());
+    let urls: Vec<String> = sentinels.iter().map(|s| s.url(None)).collect();
+    let demo = demo(&[
+        "--redis-sentinel",
+        &urls.join(","),
+        "--sentinel-master",
+        managed::MASTER,
+    ]);
+    limits_clients(&demo, 2).await;
+    assert_eq!(dbsize(&primary), 2);
+    assert!(demo.terminate().success());
 }

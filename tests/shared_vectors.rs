@@ -27,3 +27,22 @@ async fn redis_store_answers_the_shared_table() {
     vectors::run_tables(&store, SystemClock.now_ms() + 3_600_000).await;
     redis_support::assert_every_key_has_a_ttl(&server);
 }
+
+#[path = "support/managed.rs"]
+mod managed;
+
+/// A Redis that listens only on a Unix socket: the same batched path, the
+/// same decisions, under both URL schemes.
+#[tokio::test]
+async fn redis_store_on_a_unix_socket_only_answers_the_shared_table() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let server = managed::UnixRedis::start();
+    for scheme in ["unix", "redis+unix"] {
+        server.cmd(&["FLUSHALL"]).assert_ok();
+        let store = RedisStore::new(format!("{scheme}://{}", server.socket().display())).unwrap();
+        vectors::run_tables(&store, SystemClock.now_ms() + 3_600_000).await;
+        assert_eq!(server.keys_without_ttl(), Vec::<String>::new());
+    }
+}

@@ -222,7 +222,7 @@ impl Backoff {
 }
 
 /// Polls `probe` until it returns `Some`; panics with `context()` after `timeout`.
-fn wait_until<T>(
+pub fn wait_until<T>(
     timeout: Duration,
     what: &str,
     mut probe: impl FnMut() -> Option<T>,
@@ -254,7 +254,7 @@ fn port_free(port: u16) -> bool {
 
 /// A kernel-chosen free port `p` with `p + 10000` also free (cluster bus),
 /// never 6379/16379.
-fn pick_free_port() -> u16 {
+pub fn pick_free_port() -> u16 {
     for _ in 0..1000 {
         let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)) else {
             continue;
@@ -274,7 +274,7 @@ fn pick_free_port() -> u16 {
 }
 
 /// Creates a fresh, unique directory under the system temp dir.
-fn make_temp_dir(port: u16) -> PathBuf {
+pub fn make_temp_dir(port: u16) -> PathBuf {
     static SEQ: AtomicUsize = AtomicUsize::new(0);
     let base = std::env::temp_dir();
     for _ in 0..100 {
@@ -297,7 +297,7 @@ fn make_temp_dir(port: u16) -> PathBuf {
 }
 
 /// Last `n` lines of a file ("" if unreadable).
-fn file_tail(path: &Path, n: usize) -> String {
+pub fn file_tail(path: &Path, n: usize) -> String {
     let Ok(bytes) = fs::read(path) else {
         return String::new();
     };
@@ -444,7 +444,7 @@ impl fmt::Debug for Resp {
     }
 }
 
-fn encode_command<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
+pub fn encode_command<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + args.len() * 16);
     out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
     for arg in args {
@@ -1471,7 +1471,7 @@ pub fn assert_every_key_has_a_ttl(server: &RedisServer) {
 /// `redis-server 127.0.0.1:N`). `comm` can't be used: right after `spawn()`
 /// it may still be the parent's (the kernel wakes a vfork parent before it
 /// renames the child during exec).
-fn spawn_watchdog(pid: u32, port: u16, dir: &Path) -> Option<Child> {
+pub fn spawn_watchdog(pid: u32, port: u16, dir: &Path) -> Option<Child> {
     let script = r#"read -r _ || true
 if [ ! -d /proc/self ]; then
   kill -9 "$1" 2>/dev/null

@@ -4,12 +4,20 @@
 //! Concurrent charges travel together: each lane has a queue and, while
 //! charges wait, a runner task. The runner yields once to the scheduler, so
 //! every request that is ready to run joins, then sends everything queued
-//! (up to [`MAX_BATCH`]) as one `EVALSHA` of `lua/charge.lua`, with at most
-//! [`BATCHES_IN_FLIGHT`] calls in flight on the lane, pipelined by redis-rs
-//! on the connection. An idle service therefore sends every request alone
-//! and at once; a busy one one call per scheduler pass; and when Redis falls
-//! behind, charges queue until a call comes back and leave together. No
-//! request ever waits for a timer or for a batch to fill.
+//! (up to [`MAX_BATCH`]) as one `EVALSHA` of `lua/charge.lua`. While that
+//! call is in flight, charges queue and leave together the moment it comes
+//! back. Only when a whole batch waits does another leave beside those in
+//! flight (at most [`BATCHES_IN_FLIGHT`], pipelined by redis-rs on the
+//! connection): Redis is far, or the load outgrows one call per round trip.
+//! An idle service therefore sends every request alone and at once, and a
+//! busy one as few calls as its round trips allow. No request ever waits
+//! for a timer or for a batch to fill: at most for the call before it.
+//!
+//! Why one call in flight rather than several: each call costs the
+//! application a fixed amount (a hand-off to redis-rs's connection task and
+//! back, a reply to parse, system calls), so fewer, larger calls cost less
+//! per request. `scripts/bench.sh` measured the difference (see
+//! `docs/performance.md`).
 //!
 //! Safety:
 //! - Replies come back by position, one per request, into that request's own
@@ -64,7 +72,7 @@ type Sender = oneshot::Sender<JobReply>;
 /// The connections of one role: to the primary (or a Sentinel-named
 /// primary), or to one replica.
 pub(crate) struct Lanes {
-    node: Node,
+    node: Arc<Node>,
     /// Checked on every new connection (the primary's), or not at all.
     eviction: Option<EvictionCheck>,
     response_timeout: Duration,
@@ -76,7 +84,7 @@ struct Lane {
     /// The open connection and when it was last handed out. Locked while a
     /// new one is made, so concurrent callers wait for one connection
     /// instead of each making their own.
-    conn: tokio::sync::Mutex<Option<(Conn, Instant)>>,
+    conn: Arc<tokio::sync::Mutex<Option<(Conn, Instant)>>>,
     queue: Mutex<Queue>,
     /// Wakes the lane's runner when a charge starts a new batch.
     wake: Notify,
@@ -134,12 +142,12 @@ impl Lanes {
         response_timeout: Duration,
     ) -> Self {
         Self {
-            node,
+            node: Arc::new(node),
             eviction,
             response_timeout,
             lanes: (0..n.max(1))
                 .map(|_| Lane {
-                    conn: tokio::sync::Mutex::new(None),
+                    conn: Arc::default(),
                     queue: Mutex::default(),
                     wake: Notify::new(),
                 })
@@ -154,8 +162,13 @@ impl Lanes {
 
     /// Lane `i`'s connection: the open one, or a new one (checked for
     /// eviction on a primary).
+    ///
+    /// A new connection is made by a task of its own, bounded by the
+    /// connect timeout only: a caller whose budget runs out first gives up
+    /// waiting, but the connection (a TLS handshake may take longer than one
+    /// request's budget) is still made, for the callers after it.
     async fn connection(&self, i: usize) -> Result<Conn, StoreError> {
-        let mut slot = self.lanes[i].conn.lock().await;
+        let mut slot = self.lanes[i].conn.clone().lock_owned().await;
         if let Some((conn, used)) = slot.as_mut() {
             if !conn.is_closed() && (used.elapsed() < IDLE_CHECK || conn.is_open().await) {
                 *used = Instant::now();
@@ -163,12 +176,21 @@ impl Lanes {
             }
         }
         *slot = None;
-        let mut conn = self.node.connect().await?;
-        if let Some(check) = self.eviction {
-            super::check_eviction(check, &mut conn, self.node.shown()).await?;
-        }
-        *slot = Some((conn.clone(), Instant::now()));
-        Ok(conn)
+        let (node, eviction) = (self.node.clone(), self.eviction);
+        let made = tokio::spawn(async move {
+            let mut conn = node.connect().await?;
+            if let Some(check) = eviction {
+                super::check_eviction(check, &mut conn, node.shown()).await?;
+            }
+            *slot = Some((conn.clone(), Instant::now()));
+            Ok(conn)
+        });
+        made.await.unwrap_or_else(|e| {
+            Err(StoreError::Unavailable(format!(
+                "redis connection to {} failed: {e}",
+                self.node.shown()
+            )))
+        })
     }
 
     /// Lane `i`'s connection by `deadline` (`budget` after the call began).
@@ -267,7 +289,7 @@ impl Lanes {
                 return rx;
             }
             q.waiting.push((job, tx));
-            let starts_batch = q.waiting.len() == 1;
+            let fills_batch = q.waiting.len() == MAX_BATCH;
             if !std::mem::replace(&mut q.running, true) {
                 drop(q);
                 // Made before the task: a task dropped before its first poll
@@ -278,8 +300,8 @@ impl Lanes {
                     finished: false,
                 };
                 tokio::spawn(run_batches(running));
-            } else if starts_batch {
-                // One wake per batch, not per request.
+            } else if fills_batch {
+                // A whole batch waits: it may leave beside the ones in flight.
                 self.lanes[lane].wake.notify_one();
             }
             return rx;
@@ -363,6 +385,9 @@ async fn run_batches(mut running: Running) {
     // of the scheduler, never a timer.
     tokio::task::yield_now().await;
     loop {
+        // A batch leaves when none is in flight (everything that queued
+        // meanwhile goes with it), or when a whole batch waits beside those
+        // in flight (Redis is far, or the load outgrows one call per round trip).
         if in_flight.len() < BATCHES_IN_FLIGHT {
             let mut batch = Batch::default();
             {
@@ -372,21 +397,22 @@ async fn run_batches(mut running: Running) {
                     running.finished = true;
                     return;
                 }
-                batch.take(&mut q);
+                if in_flight.is_empty() || q.waiting.len() >= MAX_BATCH {
+                    batch.take(&mut q);
+                }
             }
             if !batch.jobs.is_empty() {
                 in_flight.push(lanes.send_batch(running.lane, batch));
                 continue;
             }
         }
+        // Only waits with a batch in flight: for it to come back, or (with
+        // room for another) for a whole batch to queue.
         let room = in_flight.len() < BATCHES_IN_FLIGHT;
         tokio::select! {
             biased;
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-            () = lane.wake.notified(), if room => {
-                // A new batch is queued: let the rest of it join first.
-                tokio::task::yield_now().await;
-            }
+            Some(()) = in_flight.next() => {}
+            () = lane.wake.notified(), if room => {}
         }
     }
 }

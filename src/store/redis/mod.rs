@@ -281,16 +281,17 @@ impl RedisStoreBuilder {
 
     /// Connections ("lanes") to the primary (default 1).
     ///
-    /// Charges on a lane travel in batches: a runner task sends
-    /// everything queued as one script call (up to 64 charges), pipelined,
-    /// with up to 4 calls in flight; when all 4 are out, charges queue and
-    /// leave together with the next. A charge made on an idle service leaves
-    /// at once. More connections mean smaller batches and more Redis CPU per
-    /// decision; raise it only when the round trip to Redis is long compared
-    /// with the time Redis takes to run a batch (a distant Redis). Each
-    /// connection queues at most 4,096 charges; past that, charges fail at
-    /// once (per the layer's failure policy) instead of piling up behind a
-    /// stalled Redis.
+    /// Charges on a lane travel in batches: a runner task sends everything
+    /// queued as one script call (up to 64 charges); while it is in flight,
+    /// charges queue and leave together when it comes back, and another
+    /// call (up to 4, pipelined) leaves beside it only when a whole batch of
+    /// 64 waits. A charge made on an idle service leaves at once. So a charge
+    /// waits at most for one round trip before its own. More connections mean
+    /// smaller batches and more Redis CPU per decision; raise it only when
+    /// the round trip to Redis is long compared with the time Redis takes to
+    /// run a batch (a distant Redis). Each connection queues at most 4,096
+    /// charges; past that, charges fail at once (per the layer's failure
+    /// policy) instead of piling up behind a stalled Redis.
     ///
     /// Each lane is one multiplexed redis-rs connection: charges, refunds,
     /// status reads and concurrency slots share it, pipelined.

@@ -78,6 +78,7 @@ enum Target {
 pub(crate) struct Node {
     target: Target,
     config: AsyncConnectionConfig,
+    connect_timeout: Duration,
     /// The URL as it may be shown (no password), or the Sentinel master's name.
     shown: String,
     tls: bool,
@@ -151,6 +152,7 @@ impl Node {
         Ok(Node {
             target: Target::Client(client(info, &settings.tls, &shown)?),
             config: settings.config(),
+            connect_timeout: settings.connect_timeout,
             shown,
             tls,
         })
@@ -167,6 +169,7 @@ impl Node {
         Node {
             target: Target::Sentinel(tokio::sync::Mutex::new(client)),
             config: settings.config(),
+            connect_timeout: settings.connect_timeout,
             shown,
             tls,
         }
@@ -177,9 +180,25 @@ impl Node {
         &self.shown
     }
 
-    /// Opens a new connection (within the connect timeout, the handshake
-    /// included). A failure says what failed, naming TLS for a TLS node.
+    /// Opens a new connection within the connect timeout (Sentinel's
+    /// answer, the TLS handshake and `AUTH` included). A failure says what
+    /// failed, naming TLS for a TLS node.
     pub(crate) async fn connect(&self) -> Result<Conn, StoreError> {
+        let what = if self.tls {
+            "TLS connection"
+        } else {
+            "connection"
+        };
+        match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(conn) => conn,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "redis {what} to {} failed: not made within {:?}",
+                self.shown, self.connect_timeout
+            ))),
+        }
+    }
+
+    async fn open(&self) -> Result<Conn, StoreError> {
         let opened = match &self.target {
             Target::Client(c) => {
                 c.get_multiplexed_async_connection_with_config(&self.config)
