@@ -31,12 +31,16 @@
 -- one run: one HMGET, one HSET and at most one PEXPIREAT for all of them
 -- (charge_run; 43-58% less Redis CPU per decision for a hot key).
 --
--- Returns one flat array, per request in order: k, then k numbers {allowed
--- (1/0), now, block_1, ..., block_n}, each quota's state as read, before this
--- request's charge (block layouts in the algorithm files), from which the
--- application derives every header; or -1 and a message when that request
--- alone failed (e.g. its key holds another type): the other requests of the
--- batch are unaffected. (Flat, so the application parses no nested arrays.)
+-- Returns, per request in order, k and then k numbers {allowed (1/0), now,
+-- block_1, ..., block_n}: each quota's state as read, before this request's
+-- charge (block layouts in the algorithm files), from which the application
+-- derives every header; or -1 when that request alone failed (e.g. its key
+-- holds another type), the other requests of the batch being unaffected.
+-- The numbers are packed as 8-byte little-endian integers into one string,
+-- the reply's first element: one bulk string, which the application reads
+-- without a general reply parser (with one RESP value per number, parsing
+-- the reply cost the application more than the rest of the charge). The
+-- message of each failed request follows, in order.
 
 -- Decides one request on `vals`, its policy's fields as HMGET returns them,
 -- and appends its reply to `out`: its length, then allowed, now and each
@@ -165,7 +169,7 @@ end
 -- the run j..last) fails, its partial reply is taken back, it alone gets the
 -- error, and the loop resumes after it.
 local count = tonumber(ARGV[at])
-local out = {}
+local out, errors = {}, {}
 local j, k, mark, last = 1, 1, 0, 1
 local function run()
   -- The previous request's policy, time and cost, parsed: the requests of a
@@ -232,9 +236,16 @@ while j <= count do
     local message = type(err) == 'table' and tostring(err.err) or tostring(err)
     for _ = j, last do
       out[#out + 1] = -1
-      out[#out + 1] = message
+      errors[#errors + 1] = message
     end
     j = last + 1
   end
 end
-return out
+-- Packed in chunks: unpack() of a whole reply could pass Lua's limit on
+-- arguments (a sliding log may return thousands of entries).
+local packed = {}
+for i = 1, #out, 256 do
+  local n = math.min(256, #out - i + 1)
+  packed[#packed + 1] = struct.pack('<' .. string.rep('i8', n), unpack(out, i, i + n - 1))
+end
+return {table.concat(packed), unpack(errors)}

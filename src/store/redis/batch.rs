@@ -133,45 +133,44 @@ pub(crate) fn command(jobs: &[Job]) -> (&'static Script, Cmd) {
     (plan.script(), cmd)
 }
 
-/// Each request's answer from the script's flat reply: per request, `k` and
-/// its `k` numbers, or `-1` and an error message (see lua/charge.lua).
+/// Each request's answer from the script's reply (see lua/charge.lua): one
+/// string of 8-byte little-endian numbers, per request `k` and its `k`
+/// numbers or `-1`, then the message of each request that failed.
 pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, StoreError> {
     let bad = |why: &str| StoreError::Protocol(format!("charge script reply: {why}"));
-    let number = |v: Option<&Value>| match v {
-        Some(Value::Int(n)) => Some(*n),
-        _ => None,
+    let (packed, messages) = match reply {
+        [Value::BulkString(packed), messages @ ..] if packed.len() % 8 == 0 => (packed, messages),
+        _ => return Err(bad("no packed numbers")),
     };
+    let nums: Vec<i64> = packed
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().expect("chunks of 8 bytes")))
+        .collect();
+    let mut messages = messages.iter();
     let mut out = Vec::with_capacity(jobs.len());
     let mut at = 0;
     for job in jobs {
-        match number(reply.get(at)) {
+        match nums.get(at) {
             Some(-1) => {
-                let message = reply
-                    .get(at + 1)
+                let message = messages
+                    .next()
                     .and_then(|v| String::from_redis_value_ref(v).ok())
                     .unwrap_or_default();
                 out.push(Err(response_error(message)));
-                at += 2;
+                at += 1;
             }
-            Some(k) => {
+            Some(&k) => {
                 let k = usize::try_from(k).map_err(|_| bad("a negative length"))?;
-                let block = reply
+                let block = nums
                     .get(at + 1..at + 1 + k)
                     .ok_or_else(|| bad("cut short"))?;
-                let mut nums = SmallVec::<[i64; 16]>::new();
-                for v in block {
-                    match number(Some(v)) {
-                        Some(n) => nums.push(n),
-                        None => return Err(bad(&format!("{v:?} is not a number"))),
-                    }
-                }
-                out.push(reply::decode(&job.policy, Some(job.cost), job.now, &nums));
+                out.push(reply::decode(&job.policy, Some(job.cost), job.now, block));
                 at += 1 + k;
             }
             None => return Err(bad("fewer answers than requests")),
         }
     }
-    if at != reply.len() {
+    if at != nums.len() || messages.next().is_some() {
         return Err(bad("more answers than requests"));
     }
     Ok(out)
@@ -234,33 +233,28 @@ mod tests {
         assert_eq!(per_request, ["1", "0", "0", "1", "2", "1"]);
     }
 
+    /// The reply lua/charge.lua makes of these numbers and messages.
+    fn packed(nums: &[i64], messages: &[&str]) -> Vec<Value> {
+        let bytes = nums.iter().flat_map(|n| n.to_le_bytes()).collect();
+        std::iter::once(Value::BulkString(bytes))
+            .chain(messages.iter().map(|m| Value::BulkString(m.as_bytes().to_vec())))
+            .collect()
+    }
+
     #[test]
     fn each_request_reads_its_own_block_of_the_reply_and_a_failed_one_its_error() {
         let a = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
         let jobs = [job("x", &a), job("y", &a), job("z", &a), job("w", &a)];
         // Per request, `k` and its numbers (allowed, now, then the fixed
-        // window's count and reset as read), or -1 and an error message.
+        // window's count and reset as read), or -1 (its message follows).
         let message = "WRONGTYPE not a hash";
-        let int = Value::Int;
-        let reply = [
-            int(4),
-            int(1),
-            int(1000),
-            int(0),
-            int(0),
-            int(-1),
-            Value::BulkString(message.as_bytes().to_vec()),
-            int(4),
-            int(1),
-            int(1000),
-            int(2),
-            int(61000),
-            int(4),
-            int(0),
-            int(1000),
-            int(5),
-            int(61000),
+        let nums = [
+            4, 1, 1000, 0, 0, //
+            -1, //
+            4, 1, 1000, 2, 61000, //
+            4, 0, 1000, 5, 61000,
         ];
+        let reply = packed(&nums, &[message]);
         let answers = answers(&reply, &jobs).unwrap();
         let remaining = |r: &JobReply| match r {
             Ok(d) => (d.is_allowed(), d.statuses()[0].remaining),
@@ -273,10 +267,12 @@ mod tests {
         assert_eq!(err.to_string(), response_error(message.into()).to_string());
         assert_eq!(err.kind(), "response");
         // A reply too short or too long for the batch is the call's error.
-        assert!(answers_len(&reply[..16], &jobs).is_err());
-        let mut long = reply.to_vec();
-        long.push(int(0));
-        assert!(answers_len(&long, &jobs).is_err());
+        assert!(answers_len(&packed(&nums[..15], &[message]), &jobs).is_err());
+        let mut long = nums.to_vec();
+        long.push(0);
+        assert!(answers_len(&packed(&long, &[message]), &jobs).is_err());
+        assert!(answers_len(&packed(&nums, &[message, "extra"]), &jobs).is_err());
+        assert!(answers_len(&[Value::Int(4)], &jobs).is_err());
     }
 
     fn answers_len(reply: &[Value], jobs: &[Job]) -> Result<usize, StoreError> {
