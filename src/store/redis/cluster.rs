@@ -70,7 +70,8 @@ impl ClusterLane {
             // Never re-send after an I/O error or timeout: see the module docs.
             .retries(0)
             .connection_timeout(settings.connect_timeout)
-            .response_timeout(settings.response_timeout);
+            .response_timeout(settings.response_timeout)
+            .tcp_settings(node::tcp_settings());
         #[cfg(feature = "tls")]
         if urls.iter().any(|u| u.starts_with("rediss:")) {
             node::install_crypto_provider();

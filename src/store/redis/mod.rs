@@ -621,7 +621,9 @@ mod sentinel {
             let addrs = infos.iter().map(|i| i.addr().clone());
             let mut b = SentinelClientBuilder::new(addrs, master, role)
                 .map_err(|e| ConfigError::new(format!("sentinel {}: {e}", Redacted(first))))?
-                .set_client_to_redis_db(nodes.db);
+                .set_client_to_redis_db(nodes.db)
+                .set_client_to_redis_tcp_settings(node::tcp_settings())
+                .set_client_to_sentinel_tcp_settings(node::tcp_settings());
             if let Some(u) = &username {
                 b = b.set_client_to_sentinel_username(u);
             }

@@ -7,8 +7,8 @@ use super::url::Redacted;
 use crate::error::{ConfigError, StoreError};
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
-    Pipeline, RedisError, RedisFuture, Value,
+    self, io::tcp::TcpSettings, AsyncConnectionConfig, Client, Cmd, ConnectionAddr,
+    ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -88,7 +88,8 @@ pub(crate) struct Node {
 pub(crate) fn connection_info(url: &str, tls: &Tls) -> Result<ConnectionInfo, ConfigError> {
     let info = url
         .into_connection_info()
-        .map_err(|e| ConfigError::new(format!("invalid redis url {}: {e}", Redacted(url))))?;
+        .map_err(|e| ConfigError::new(format!("invalid redis url {}: {e}", Redacted(url))))?
+        .set_tcp_settings(tcp_settings());
     if let ConnectionAddr::TcpTls {
         host,
         port,
@@ -119,6 +120,13 @@ pub(crate) fn connection_info(url: &str, tls: &Tls) -> Result<ConnectionInfo, Co
     #[cfg(not(feature = "tls"))]
     let _ = tls;
     Ok(info)
+}
+
+/// Every TCP connection's settings: no Nagle delay. A batch written while
+/// another is unacknowledged must leave at once, not wait for an ACK that
+/// Redis may delay by 40 ms.
+pub(crate) fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
 }
 
 /// A client for `info`, with the custom CA and client certificate, if any.
