@@ -346,6 +346,14 @@ fn slot_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
     single_store(args)
 }
 
+/// Connections are opened before serving; a store not reachable yet is
+/// retried on use, under the failure policy.
+fn connect_or_warn(result: Result<(), tower_ratelimit::StoreError>) {
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "the store is not reachable yet; serving under the failure policy");
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -390,7 +398,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let StoreKind::Redis = args.store {
             builder = builder.store(slot_store(&args)?);
         }
-        app = app.layer(builder.build()?);
+        let layer = builder.build()?;
+        connect_or_warn(layer.connect().await);
+        app = app.layer(layer);
     }
 
     if !matches!(args.store, StoreKind::None) {
@@ -436,6 +446,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err("--mode coordinated needs --store redis".into());
         }
         let layer = builder.build()?;
+        connect_or_warn(layer.connect().await);
         // Added after `.layer`, so the status route itself is never counted.
         app = app
             .layer(layer.clone())

@@ -1,10 +1,13 @@
-//! The response body: the inner service's, or one the limiter wrote.
+//! The body of a response that passed through a limiter: the inner
+//! service's, untouched, or one the limiter wrote (a rejection); and the same
+//! holding a guard until the response is done (a concurrency slot, a load
+//! shedder's admission).
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 pin_project! {
     /// Either the inner service's body, untouched, or a body the limiter wrote (a rejection).
@@ -74,76 +77,107 @@ where
     }
 }
 
-/// Which body type a [`RateLimit`](crate::RateLimit) service answers with,
-/// and how the inner service's body and the limiter's own answers become it.
-///
-/// Sealed. [`WrapBody`] (the default) suits every inner service;
-/// [`InnerBody`] suits those whose body type can be made from [`Bytes`], such
-/// as axum's, and saves a box per response there. Choose with
-/// [`RateLimitLayer::inner_body`](crate::RateLimitLayer::inner_body).
-pub trait BodyMode<B>: sealed::Sealed {
-    /// The body type of the service's responses.
-    type Body;
-
-    /// The inner service's body, passed on as it is.
-    fn inner(body: B) -> Self::Body;
-
-    /// A body the limiter wrote: a rejection or a store-failure answer.
-    fn limiter(data: Bytes) -> Self::Body;
-}
-
-/// The default [`BodyMode`]: responses carry a [`ResponseBody`], either the
-/// inner service's body, untouched, or one the limiter wrote.
-///
-/// Works with any inner service. axum (and tonic) box a body type they do
-/// not know once more per response; [`InnerBody`] avoids that for axum.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct WrapBody;
-
-/// A [`BodyMode`] in which responses carry the inner service's own body type
-/// `B`; the limiter's answers are made with `B::from(Bytes)`.
-///
-/// For inner services whose body is `From<Bytes>`: axum's `Body`,
-/// `http_body_util::Full<Bytes>`. axum passes its own `Body` through
-/// without boxing it again, which [`WrapBody`]'s `ResponseBody<Body>` costs
-/// on every response. Choose it with
-/// [`RateLimitLayer::inner_body`](crate::RateLimitLayer::inner_body).
-///
-/// Some answers have no body (a gRPC answer is headers only): they are made
-/// with `B::from(Bytes::new())`, which must be an empty body that has ended
-/// (`is_end_stream`), as it is for axum's `Body` and for `Full`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct InnerBody;
-
-impl<B> BodyMode<B> for WrapBody {
-    type Body = ResponseBody<B>;
-
-    fn inner(body: B) -> Self::Body {
-        ResponseBody::inner(body)
-    }
-
-    fn limiter(data: Bytes) -> Self::Body {
-        ResponseBody::limiter(data)
+pin_project! {
+    /// The inner service's body (or the layer's own answer) holding a guard
+    /// `G` until the body has produced its last frame, failed, or been dropped
+    /// (a client that disconnects mid-response), whichever comes first.
+    ///
+    /// The body of [`ConcurrencyLimit`](crate::concurrency::ConcurrencyLimit)
+    /// and [`LoadShed`](crate::shed::LoadShed) responses.
+    #[derive(Debug)]
+    pub struct GuardedBody<B, G> {
+        #[pin]
+        body: ResponseBody<B>,
+        guard: Option<G>,
     }
 }
 
-impl<B: From<Bytes>> BodyMode<B> for InnerBody {
-    type Body = B;
-
-    fn inner(body: B) -> B {
-        body
+impl<B, G> GuardedBody<B, G> {
+    /// The inner service's body, holding `guard` (if any) until it ends.
+    pub(crate) fn inner(body: B, guard: Option<G>) -> Self {
+        Self {
+            body: ResponseBody::inner(body),
+            guard,
+        }
     }
 
-    fn limiter(data: Bytes) -> B {
-        B::from(data)
+    /// A body the layer wrote (a rejection); nothing is held.
+    pub(crate) fn answer(data: Bytes) -> Self {
+        Self {
+            body: ResponseBody::limiter(data),
+            guard: None,
+        }
     }
 }
 
-mod sealed {
-    // Public in a private module: `BodyMode` names it as a supertrait, and no
-    // one outside this crate can implement it, so the two modes stay the only ones.
-    #[allow(unreachable_pub)]
-    pub trait Sealed {}
-    impl Sealed for super::WrapBody {}
-    impl Sealed for super::InnerBody {}
+impl<B, G> Body for GuardedBody<B, G>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.body.as_mut().poll_frame(cx));
+        // Release as soon as the body is done: a server may keep a finished
+        // body around (keep-alive) before dropping it.
+        let done = match &frame {
+            None | Some(Err(_)) => true,
+            Some(Ok(_)) => this.body.is_end_stream(),
+        };
+        if done {
+            this.guard.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct Guard(Arc<AtomicUsize>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_guard_is_released_once_at_the_end_of_the_body_or_when_it_is_dropped() {
+        let released = Arc::new(AtomicUsize::new(0));
+        let body = http_body_util::Full::new(Bytes::from_static(b"hello"));
+        let mut b = GuardedBody::inner(body, Some(Guard(released.clone())));
+        let frame = b.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "hello");
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            1,
+            "released at the last frame"
+        );
+        assert!(b.frame().await.is_none());
+        drop(b);
+        assert_eq!(released.load(Ordering::SeqCst), 1, "exactly once");
+
+        let released = Arc::new(AtomicUsize::new(0));
+        let body = http_body_util::Full::new(Bytes::from_static(b"unread"));
+        drop(GuardedBody::inner(body, Some(Guard(released.clone()))));
+        assert_eq!(released.load(Ordering::SeqCst), 1, "released on drop");
+    }
 }

@@ -1,4 +1,12 @@
 //! What a store answers: the decision and the state of every quota, from one read.
+//!
+//! ```
+//! use tower_ratelimit::{Decision, QuotaStatus};
+//! let hourly = QuotaStatus { limit: 100, remaining: 0, allowed: false, retry_after_ms: 1_500, ..QuotaStatus::default() };
+//! let d = Decision::from_statuses([hourly], 1);
+//! assert!(!d.is_allowed());
+//! assert_eq!(d.retry_after_ms(), 1_500);
+//! ```
 
 use smallvec::SmallVec;
 
@@ -24,52 +32,26 @@ pub struct QuotaStatus {
     /// sliding window counter's window start; a sliding log entry's time. A
     /// refund never reaches a newer window or more than was charged.
     pub window_id: u64,
-    /// `reset_ms` as it would be had this charge not been made (a refund, or
-    /// another quota rejecting the request).
-    pub(crate) uncharged_reset_ms: MaybeMs,
-}
-
-/// A time in Unix ms, or none, in 8 bytes: `u64::MAX`, which no reset
-/// reaches, is none. An `Option<u64>` takes 16, which made a
-/// [`QuotaStatus`] 64 bytes and a [`Decision`] (and a store's
-/// `Result<Decision, StoreError>`) over 128: the compiler copies a value of
-/// up to 128 bytes with a few register moves and anything larger with a
-/// call to `memcpy`, and a Redis store's decision is moved about six times
-/// on its way from the reply to the response.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MaybeMs(u64);
-
-impl MaybeMs {
-    /// No time.
-    pub(crate) const NONE: MaybeMs = MaybeMs(u64::MAX);
-
-    /// `ms` (none if it is `u64::MAX`, a time no clock reaches).
-    pub(crate) fn some(ms: u64) -> Self {
-        MaybeMs(ms)
-    }
-
-    /// The time, if there is one.
-    pub(crate) fn get(self) -> Option<u64> {
-        (self.0 != u64::MAX).then_some(self.0)
-    }
-}
-
-impl Default for MaybeMs {
-    fn default() -> Self {
-        MaybeMs::NONE
-    }
-}
-
-impl std::fmt::Debug for MaybeMs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.get().fmt(f)
-    }
+    /// `reset_ms` as it would be had this charge not been made: what the
+    /// headers show after a refund, or when another quota rejected the
+    /// request. `None` keeps `reset_ms`.
+    pub uncharged_reset_ms: Option<u64>,
 }
 
 impl QuotaStatus {
     /// Units spent in the current window (`limit - remaining`).
     pub fn used(&self) -> u64 {
         self.limit - self.remaining
+    }
+
+    /// The status once `cost` of this charge is given back: the cost comes
+    /// back, capped at the limit, and the reset is the one before the charge.
+    pub(crate) fn refunded(mut self, cost: u64) -> Self {
+        self.remaining = self.remaining.saturating_add(cost).min(self.limit);
+        if let Some(reset) = self.uncharged_reset_ms {
+            self.reset_ms = reset;
+        }
+        self
     }
 }
 
@@ -96,45 +78,26 @@ impl Decision {
     /// charging `cost` (in policy order). It is allowed only if every quota allows
     /// it; otherwise nothing is charged, and the statuses say so.
     pub fn from_statuses(statuses: impl IntoIterator<Item = QuotaStatus>, cost: u64) -> Self {
-        let mut d = Self::building();
-        d.statuses.extend(statuses);
-        d.settle(cost);
-        d
-    }
-
-    /// An empty decision to [`push`](Self::push) statuses into, then
-    /// [`settle`](Self::settle): the memory store builds it in place, where the
-    /// caller reads it, instead of copying it out through each return.
-    pub(crate) fn building() -> Self {
-        Self {
-            allowed: false,
-            reason: None,
-            statuses: SmallVec::new(),
-        }
-    }
-
-    /// Adds the next quota's status (in policy order).
-    pub(crate) fn push(&mut self, status: QuotaStatus) {
-        self.statuses.push(status);
-    }
-
-    /// Decides from the statuses pushed, as [`Decision::from_statuses`] does.
-    pub(crate) fn settle(&mut self, cost: u64) {
-        let allowed = self.statuses.iter().all(|s| s.allowed);
+        let mut statuses: SmallVec<[QuotaStatus; 2]> = statuses.into_iter().collect();
+        let allowed = statuses.iter().all(|s| s.allowed);
         if !allowed {
             // All or nothing: quotas that would have admitted were not charged either.
-            for s in self.statuses.iter_mut().filter(|s| s.allowed) {
-                *s = crate::algorithm::refunded_status(*s, cost);
+            for s in statuses.iter_mut().filter(|s| s.allowed) {
+                *s = s.refunded(cost);
             }
         }
-        self.allowed = allowed;
-        self.reason = if allowed {
+        let reason = if allowed {
             None
-        } else if self.statuses.iter().any(|s| cost > s.limit) {
+        } else if statuses.iter().any(|s| cost > s.limit) {
             Some(RejectReason::CostExceedsLimit)
         } else {
             Some(RejectReason::Exhausted)
         };
+        Self {
+            allowed,
+            reason,
+            statuses,
+        }
     }
 
     /// Whether the request is admitted (and was charged).
@@ -195,41 +158,6 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::StoreError;
-
-    #[test]
-    fn a_decision_and_a_stores_answer_fit_in_128_bytes() {
-        // What the compiler copies with register moves rather than a call to
-        // memcpy (see MaybeMs); a Redis charge's answer is moved about six
-        // times between its reply and its response.
-        assert!(std::mem::size_of::<QuotaStatus>() <= 56);
-        assert!(std::mem::size_of::<Decision>() <= 128);
-        assert!(std::mem::size_of::<Result<Decision, StoreError>>() <= 128);
-    }
-
-    #[test]
-    fn an_uncharged_reset_is_a_time_or_none() {
-        assert_eq!(MaybeMs::default().get(), None);
-        assert_eq!(MaybeMs::NONE.get(), None);
-        assert_eq!(MaybeMs::some(0).get(), Some(0));
-        assert_eq!(
-            MaybeMs::some(1_796_051_584_123).get(),
-            Some(1_796_051_584_123)
-        );
-        // The one time it cannot hold: u64::MAX, which no clock reaches, is none.
-        assert_eq!(MaybeMs::some(u64::MAX).get(), None);
-        assert_eq!(QuotaStatus::default().uncharged_reset_ms, MaybeMs::NONE);
-        // Debug reads as the Option it stands for.
-        let s = QuotaStatus {
-            uncharged_reset_ms: MaybeMs::some(5),
-            ..QuotaStatus::default()
-        };
-        assert!(
-            format!("{s:?}").contains("uncharged_reset_ms: Some(5)"),
-            "{s:?}"
-        );
-        assert!(format!("{:?}", QuotaStatus::default()).contains("uncharged_reset_ms: None"));
-    }
 
     #[test]
     fn a_refund_restores_the_reset_before_the_charge_only_when_there_is_one() {
@@ -237,16 +165,48 @@ mod tests {
             limit: 10,
             remaining: 3,
             reset_ms: 2_000,
-            uncharged_reset_ms: MaybeMs::some(1_500),
+            uncharged_reset_ms: Some(1_500),
             ..QuotaStatus::default()
         };
-        let r = crate::algorithm::refunded_status(charged, 2);
+        let r = charged.refunded(2);
         assert_eq!((r.remaining, r.reset_ms), (5, 1_500));
         let without = QuotaStatus {
-            uncharged_reset_ms: MaybeMs::NONE,
+            uncharged_reset_ms: None,
             ..charged
         };
-        let r = crate::algorithm::refunded_status(without, 2);
+        let r = without.refunded(2);
         assert_eq!((r.remaining, r.reset_ms), (5, 2_000));
+        assert_eq!(charged.refunded(100).remaining, 10, "never above the limit");
+    }
+
+    #[test]
+    fn a_rejection_charges_no_quota_and_names_its_reason() {
+        let admits = QuotaStatus {
+            limit: 10,
+            remaining: 4,
+            allowed: true,
+            uncharged_reset_ms: Some(900),
+            reset_ms: 1_000,
+            ..QuotaStatus::default()
+        };
+        let rejects = QuotaStatus {
+            limit: 3,
+            remaining: 0,
+            allowed: false,
+            retry_after_ms: 700,
+            ..QuotaStatus::default()
+        };
+        let d = Decision::from_statuses([admits, rejects], 2);
+        assert!(!d.is_allowed());
+        assert_eq!(
+            d.statuses()[0].remaining,
+            6,
+            "the admitting quota gets its cost back"
+        );
+        assert_eq!(d.statuses()[0].reset_ms, 900);
+        assert_eq!(d.reject_reason(), Some(RejectReason::Exhausted));
+        assert_eq!(d.binding(), 1);
+        let d = Decision::from_statuses([admits, rejects], 4);
+        assert_eq!(d.reject_reason(), Some(RejectReason::CostExceedsLimit));
     }
 }

@@ -8,64 +8,67 @@
 //! let limit = RateLimitLayer::builder()
 //!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
 //!     .key(PeerIp::new())
-//!     .build()
-//!     .expect("valid configuration")
+//!     .build()?
 //!     .inner_body(); // answer in axum's own body type: no second box per response
 //! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(limit);
+//! # Ok::<(), tower_ratelimit::ConfigError>(())
 //! ```
 //!
-//! Beside the request rate limit: a concurrent-requests limit per key
-//! ([`concurrency::ConcurrencyLimitLayer`]) and load shedding by priority
-//! ([`shed::LoadShedLayer`]), configured the same way.
+//! Three middlewares, one folder each, over shared building blocks:
 //!
-//! See the README for the store choice (memory per process, Redis per fleet),
-//! header semantics, the four limiters side by side and the pitfalls of keying
-//! by client IP.
+//! | middleware | module | limits |
+//! |---|---|---|
+//! | [`RateLimitLayer`] | [`rate`] | requests (or units of cost) per window, per key |
+//! | [`ConcurrencyLimitLayer`] | [`concurrency`] | requests in flight per key |
+//! | [`LoadShedLayer`] | [`shed`] | requests in flight per process, by priority |
+//!
+//! The shared modules: [`key`] (which client a request counts against),
+//! [`quota`] (how much), [`store`] (where state lives: [`MemoryStore`](store::MemoryStore)
+//! per process, `RedisStore` for the fleet), [`headers`] (what responses
+//! say), [`clock`], [`failure`] (what a store failure does), [`metrics`] and
+//! [`grpc`]. The builders share their common options: [`Builder`].
+//!
+//! See the README for the store choice, header semantics and the pitfalls
+//! of keying by client IP.
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod algorithm;
 mod body;
-mod breaker;
+mod bounded;
+mod builder;
 pub mod clock;
 pub mod concurrency;
-#[cfg(feature = "redis")]
-mod coordinated;
 mod decision;
-mod deny_cache;
 mod error;
-mod future;
+pub mod failure;
 pub mod grpc;
-mod guarded_body;
 pub mod headers;
 pub mod key;
-mod layer;
-mod limiter;
+mod later;
 pub mod metrics;
+mod problem;
 pub mod quota;
-mod response;
-mod service;
+pub mod rate;
 pub mod shed;
 pub mod store;
 
-pub use body::{BodyMode, InnerBody, ResponseBody, WrapBody};
-pub use breaker::CircuitBreaker;
+pub use body::{GuardedBody, ResponseBody};
+pub use builder::{Builder, DEFAULT_STORE_TIMEOUT};
 pub use concurrency::ConcurrencyLimitLayer;
-#[cfg(feature = "redis")]
-pub use coordinated::Coordinated;
 pub use decision::{Decision, QuotaStatus, RejectReason};
-pub use deny_cache::DenyCache;
 pub use error::{ConfigError, StoreError};
-pub use future::ResponseFuture;
-pub use guarded_body::GuardedBody;
+pub use failure::{CircuitBreaker, OnStoreError};
 pub use headers::HeaderStyle;
-pub use layer::{
-    RateLimitLayer, RateLimitLayerBuilder, Status, StatusError, DEFAULT_STORE_TIMEOUT,
-};
-pub use limiter::OnStoreError;
+pub use problem::default_key_error;
 pub use quota::{Algorithm, Policy, Quota};
-pub use response::{default_key_error, default_rejection, Rejection};
-pub use service::RateLimit;
+#[cfg(feature = "redis")]
+pub use rate::Coordinated;
+pub use rate::{
+    default_rejection, BodyMode, DenyCache, InnerBody, RateLimit, RateLimitLayer,
+    RateLimitLayerBuilder, Rejection, ResponseFuture, Status, StatusError, WrapBody,
+};
 pub use shed::LoadShedLayer;
 
 // The README's examples are compiled and run as doc tests, so it stays true to the code.

@@ -13,6 +13,7 @@
 //! | `ratelimit_store_failure_decisions_total` | counter | `action` = `open`, `closed`, `local` | requests decided by the failure policy |
 //! | `ratelimit_breaker_state` | gauge | | 0 closed, 1 open (for any failure domain, e.g. one shard), 2 half-open |
 //! | `ratelimit_refunds_total` | counter | `result` = `ok`, `failed` | refunds of free responses |
+//! | `ratelimit_memory_evictions_total` | counter | | live keys a full [`MemoryStore`](crate::store::MemoryStore) evicted (the least used of a sample) |
 //!
 //! The concurrency limiter and the load shedder report under their own
 //! prefixes, `concurrency_` and `load_shed_`: see [`crate::concurrency`] and
@@ -20,7 +21,6 @@
 
 use crate::error::StoreError;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,21 +28,37 @@ use std::time::Instant;
 /// `{prefix}_store_duration_seconds` with `op` = `decide` or `off_path`, and
 /// `{prefix}_{off_path_total}` for the calls no request waits for.
 pub(crate) struct Series {
-    pub(crate) prefix: &'static str,
+    prefix: &'static str,
     /// The `op` label of the call that decides (`charge`, `acquire`).
-    pub(crate) decide: &'static str,
+    decide: &'static str,
     /// The `op` label of the call run off the response path (`refund`, `release`).
-    pub(crate) off_path: &'static str,
+    off_path: &'static str,
     /// That call's counter, after the prefix (`refunds_total`, `releases_total`).
-    pub(crate) off_path_total: &'static str,
+    off_path_total: &'static str,
+    /// Whether the limiter has a deny cache (`{prefix}_deny_cache_hits_total`).
+    deny_cache: bool,
+    /// Whether it counts requests in flight (`{prefix}_in_flight`).
+    in_flight: bool,
 }
 
 /// The rate limiter's series.
-const RATE_LIMIT: Series = Series {
+pub(crate) const RATE_LIMIT: Series = Series {
     prefix: "ratelimit",
     decide: "charge",
     off_path: "refund",
     off_path_total: "refunds_total",
+    deny_cache: true,
+    in_flight: false,
+};
+
+/// The concurrency limiter's series.
+pub(crate) const CONCURRENCY: Series = Series {
+    prefix: "concurrency",
+    decide: "acquire",
+    off_path: "release",
+    off_path_total: "releases_total",
+    deny_cache: false,
+    in_flight: true,
 };
 
 /// Handles shared by the store-backed limiters (the rate limiter and the
@@ -64,6 +80,10 @@ pub(crate) struct StoreMetrics {
     pub(crate) breaker_state: Gauge,
     off_path_ok: Counter,
     pub(crate) off_path_failed: Counter,
+    /// Rejections answered by the deny cache (a no-op handle without one).
+    pub(crate) deny_cache_hits: Counter,
+    /// Requests in flight (a no-op handle for a limiter that does not count them).
+    pub(crate) in_flight: Gauge,
 }
 
 impl StoreMetrics {
@@ -90,6 +110,16 @@ impl StoreMetrics {
             breaker_state: gauge!(format!("{p}_breaker_state"), "limiter" => l.clone()),
             off_path_ok: off_path("ok"),
             off_path_failed: off_path("failed"),
+            deny_cache_hits: if series.deny_cache {
+                counter!(format!("{p}_deny_cache_hits_total"), "limiter" => l.clone())
+            } else {
+                Counter::noop()
+            },
+            in_flight: if series.in_flight {
+                gauge!(format!("{p}_in_flight"), "limiter" => l.clone())
+            } else {
+                Gauge::noop()
+            },
         }
     }
 
@@ -116,29 +146,6 @@ impl StoreMetrics {
             }
         }
         result
-    }
-}
-
-/// The rate limiter's handles: the shared ones, and the deny cache's.
-pub(crate) struct Metrics {
-    store: StoreMetrics,
-    pub(crate) deny_cache_hits: Counter,
-}
-
-impl Metrics {
-    pub(crate) fn new(name: &str) -> Self {
-        Self {
-            store: StoreMetrics::new(&RATE_LIMIT, name),
-            deny_cache_hits: counter!("ratelimit_deny_cache_hits_total", "limiter" => name.to_owned()),
-        }
-    }
-}
-
-impl Deref for Metrics {
-    type Target = StoreMetrics;
-
-    fn deref(&self) -> &StoreMetrics {
-        &self.store
     }
 }
 
@@ -171,14 +178,14 @@ pub(crate) fn registered(build: impl FnOnce()) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn series(s: &Series) -> Vec<String> {
+        registered(|| StoreMetrics::new(s, "api").store_error("timeout"))
+    }
+
     #[test]
-    fn the_rate_limiter_registers_the_documented_series() {
-        let got = registered(|| {
-            let m = Metrics::new("api");
-            m.store_error("timeout");
-        });
+    fn each_store_backed_limiter_registers_the_documented_series() {
         assert_eq!(
-            got,
+            series(&RATE_LIMIT),
             [
                 "ratelimit_breaker_state{}",
                 "ratelimit_decisions_total{outcome=allowed}",
@@ -195,6 +202,26 @@ mod tests {
                 "ratelimit_store_failure_decisions_total{action=closed}",
                 "ratelimit_store_failure_decisions_total{action=local}",
                 "ratelimit_store_failure_decisions_total{action=open}",
+            ]
+        );
+        assert_eq!(
+            series(&CONCURRENCY),
+            [
+                "concurrency_breaker_state{}",
+                "concurrency_decisions_total{outcome=allowed}",
+                "concurrency_decisions_total{outcome=exempt}",
+                "concurrency_decisions_total{outcome=key_error}",
+                "concurrency_decisions_total{outcome=rejected}",
+                "concurrency_in_flight{}",
+                "concurrency_releases_total{result=failed}",
+                "concurrency_releases_total{result=ok}",
+                "concurrency_shadow_rejections_total{}",
+                "concurrency_store_duration_seconds{op=acquire}",
+                "concurrency_store_duration_seconds{op=release}",
+                "concurrency_store_errors_total{kind=timeout}",
+                "concurrency_store_failure_decisions_total{action=closed}",
+                "concurrency_store_failure_decisions_total{action=local}",
+                "concurrency_store_failure_decisions_total{action=open}",
             ]
         );
     }

@@ -37,9 +37,18 @@ pub const MAX_QUOTAS: usize = 8;
 /// The longest window a quota may have (one year): windows are kept in milliseconds.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// The largest limit or burst a quota accepts: the Redis scripts compute in
-/// Lua numbers (doubles), exact for integers up to 2^53.
-pub const MAX_LIMIT: u64 = 1 << 52;
+/// The largest limit or burst a quota accepts: the largest integer an IETF
+/// `RateLimit` header can carry (a structured-field integer has at most 15
+/// digits), and well inside what the Redis scripts compute exactly (Lua
+/// numbers are doubles, exact up to 2^53).
+pub const MAX_LIMIT: u64 = 999_999_999_999_999;
+
+/// The largest number the decision math handles: every value the Lua scripts
+/// compute stays below it, exact in a double.
+pub(crate) const EXACT: u64 = 1 << 52;
+
+/// The most bytes in a quota's name.
+pub const MAX_NAME_LEN: usize = 64;
 
 /// The largest limit a [`Algorithm::SlidingLog`] quota accepts: the log keeps
 /// one entry per millisecond with a charge, so a key holds at most
@@ -161,7 +170,7 @@ impl Quota {
         }
         if limit > MAX_LIMIT {
             return Err(ConfigError::new(format!(
-                "a quota's limit must be at most 2^52 ({MAX_LIMIT}), got {limit}"
+                "a quota's limit must be at most {MAX_LIMIT}, got {limit}"
             )));
         }
         if window < Duration::from_millis(1) || window > MAX_WINDOW {
@@ -182,18 +191,31 @@ impl Quota {
         }
     }
 
-    /// Names the quota (the IETF `RateLimit-Policy` name); defaults to its window, e.g. `"60s"`.
+    /// Names the quota (the IETF `RateLimit-Policy` name); defaults to its
+    /// window, e.g. `"60s"`. Errors unless the name is 1 to [`MAX_NAME_LEN`]
+    /// printable ASCII characters, which a structured-field string can carry.
     ///
     /// ```
     /// # use std::num::NonZeroU32;
     /// use tower_ratelimit::Quota;
-    /// let q = Quota::per_hour(NonZeroU32::new(5000).unwrap()).named("authenticated");
+    /// let q = Quota::per_hour(NonZeroU32::new(5000).unwrap()).named("authenticated")?;
     /// assert_eq!(q.name(), "authenticated");
+    /// assert!(Quota::per_hour(NonZeroU32::new(5).unwrap()).named("café").is_err());
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
-    #[must_use]
-    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.name = Some(name.into());
-        self
+    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        if name.is_empty()
+            || name.len() > MAX_NAME_LEN
+            || !name.bytes().all(|b| (b' '..=b'~').contains(&b))
+        {
+            return Err(ConfigError::new(format!(
+                "a quota's name must be 1 to {MAX_NAME_LEN} printable ASCII characters \
+                 (a structured-field string), got {name:?}"
+            )));
+        }
+        self.name = Some(name);
+        Ok(self)
     }
 
     /// Sets the algorithm (default [`Algorithm::FixedWindow`]). Errors when the
@@ -255,9 +277,7 @@ impl Quota {
             Algorithm::FixedWindow => Ok(()),
             Algorithm::TokenBucket | Algorithm::Gcra => {
                 let burst = self.burst_size();
-                if burst > MAX_LIMIT
-                    || crate::algorithm::rate::Rate::of(self.limit, self.window_ms, burst).is_none()
-                {
+                if burst > MAX_LIMIT || Rate::of(self.limit, self.window_ms, burst).is_none() {
                     return Err(ConfigError::new(format!(
                         "a {a:?} quota of {} per {} with burst {burst} is too large for exact arithmetic (burst x window ms / gcd(limit, window ms) must be at most 2^52); lower the burst or the window",
                         self.limit,
@@ -267,7 +287,7 @@ impl Quota {
                 Ok(())
             }
             Algorithm::SlidingWindow => {
-                if self.limit.saturating_mul(self.window_ms) > MAX_LIMIT {
+                if self.limit.saturating_mul(self.window_ms) > EXACT {
                     return Err(ConfigError::new(format!(
                         "a sliding window quota needs limit x window ms <= 2^52 for exact arithmetic; {} per {} is too large",
                         self.limit,
@@ -326,28 +346,21 @@ impl Quota {
         }
     }
 
-    /// The name given with [`Quota::named`], if any.
-    pub(crate) fn configured_name(&self) -> Option<&str> {
-        self.name.as_deref()
-    }
-
     /// The identity of this quota's state within a key: algorithm and window. Two
     /// quotas with the same slot would share state, so a policy refuses them.
     /// The limit is not part of it, so a changed limit applies to the open window.
     pub(crate) fn slot(&self) -> String {
         format!("{}{}", self.algorithm.code(), self.window_ms)
     }
+
+    /// The token-bucket / GCRA rate of the quota in exact fine units.
+    pub(crate) fn rate(&self) -> Rate {
+        Rate::capped(self.limit, self.window_ms, self.burst_size())
+    }
 }
 
 /// Formats a window in the largest whole unit: `1h`, `90s`, `500ms`.
 pub(crate) fn format_window(ms: u64) -> String {
-    let mut s = String::new();
-    write_window(&mut s, ms);
-    s
-}
-
-/// Appends a window in the largest whole unit (as [`format_window`]).
-pub(crate) fn write_window(out: &mut String, ms: u64) {
     let (n, unit) = if ms.is_multiple_of(3_600_000) {
         (ms / 3_600_000, "h")
     } else if ms.is_multiple_of(60_000) {
@@ -357,8 +370,66 @@ pub(crate) fn write_window(out: &mut String, ms: u64) {
     } else {
         (ms, "ms")
     };
-    crate::headers::push_number(out, n);
-    out.push_str(unit);
+    format!("{n}{unit}")
+}
+
+/// A rate of `limit` tokens per window in exact integers, as the token
+/// bucket and GCRA compute it (see `algorithm::rate`): with
+/// `g = gcd(limit, window_ms)`, one token is `unit = window_ms / g` fine
+/// units and `per_ms = limit / g` fine units refill every millisecond, so
+/// nothing is ever rounded. A full bucket is `capacity = burst * unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rate {
+    /// Fine units per token.
+    pub(crate) unit: u64,
+    /// Fine units refilled per millisecond.
+    pub(crate) per_ms: u64,
+    /// The most tokens held (the burst).
+    pub(crate) burst: u64,
+    /// `burst * unit`: a full bucket in fine units.
+    pub(crate) capacity: u64,
+}
+
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl Rate {
+    /// `limit` tokens per `window_ms`, at most `burst` held; `None` when the
+    /// capacity in fine units would exceed 2^52 (the quota refuses it).
+    pub(crate) const fn of(limit: u64, window_ms: u64, burst: u64) -> Option<Rate> {
+        let g = gcd(limit, window_ms);
+        let unit = window_ms / g;
+        let per_ms = limit / g;
+        match burst.checked_mul(unit) {
+            Some(capacity) if capacity <= EXACT => Some(Rate {
+                unit,
+                per_ms,
+                burst,
+                capacity,
+            }),
+            _ => None,
+        }
+    }
+
+    /// As [`Rate::of`], holding at most as many tokens as fit 2^52 fine units
+    /// (only reachable for quotas scaled down internally, never as configured).
+    fn capped(limit: u64, window_ms: u64, burst: u64) -> Rate {
+        let unit = window_ms / gcd(limit, window_ms);
+        let burst = burst.min(EXACT / unit).max(1);
+        match Rate::of(limit, window_ms, burst) {
+            Some(r) => r,
+            None => Rate {
+                unit,
+                per_ms: limit / gcd(limit, window_ms),
+                burst: 1,
+                capacity: unit,
+            },
+        }
+    }
 }
 
 /// The quotas one request is charged against, all or nothing, in one store call.
@@ -524,6 +595,42 @@ mod tests {
             .unwrap();
         assert_eq!(q.burst_size(), 7);
         assert_eq!(q.burst(9).unwrap().burst_size(), 9);
+    }
+
+    #[test]
+    fn a_rate_that_does_not_divide_its_window_is_exact_in_fine_units() {
+        // 3 per second: one token is 1000 units, 3 units refill per ms.
+        let r = Rate::of(3, 1_000, 3).unwrap();
+        assert_eq!((r.unit, r.per_ms, r.capacity), (1_000, 3, 3_000));
+        // 1000 per hour reduces by gcd 1000.
+        let r = Rate::of(1_000, 3_600_000, 1_000).unwrap();
+        assert_eq!((r.unit, r.per_ms), (3_600, 1));
+        assert!(
+            Rate::of(7, 1 << 40, 1 << 20).is_none(),
+            "past 2^52 fine units"
+        );
+        assert!(Rate::of(7, 1 << 20, 1 << 20).is_some());
+    }
+
+    #[test]
+    fn a_name_must_be_a_structured_field_string() {
+        let q = Quota::per_second(n(1));
+        assert!(
+            q.clone().named("tier \"gold\"").is_ok(),
+            "quotes are escaped"
+        );
+        for bad in ["", "caf\u{e9}", "tab\there", "new\nline"] {
+            assert!(q.clone().named(bad).is_err(), "{bad:?}");
+        }
+        assert!(q.clone().named("x".repeat(MAX_NAME_LEN)).is_ok());
+        assert!(q.named("x".repeat(MAX_NAME_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn the_largest_limit_fits_a_structured_field_integer() {
+        assert!(Quota::new(MAX_LIMIT, Duration::from_secs(1)).is_ok());
+        assert!(Quota::new(MAX_LIMIT + 1, Duration::from_secs(1)).is_err());
+        assert_eq!(MAX_LIMIT.to_string().len(), 15);
     }
 
     #[test]

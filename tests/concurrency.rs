@@ -32,11 +32,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
-use tower_ratelimit::concurrency::{
-    Acquire, ConcurrencyLimitLayer, MemorySlots, Release, SlotId, SlotStore,
-};
+use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::key::{Header, Key};
-use tower_ratelimit::store::{Namespace, RedisStore};
+use tower_ratelimit::store::{Acquire, MemoryStore, Namespace, RedisStore, Release, SlotId, Store};
 use tower_ratelimit::{HeaderStyle, OnStoreError, Quota, RateLimitLayer};
 
 const NAME: &str = "concurrency";
@@ -611,7 +609,7 @@ async fn store_failures_follow_the_failure_policy_and_shadow_mode_never_rejects(
     assert_eq!(fetch(&c, &local.url("/"), "k").await.status, StatusCode::OK);
 
     // Shadow mode (memory store): the would-be rejection is admitted and holds no slot.
-    let slots = MemorySlots::new();
+    let slots = MemoryStore::new();
     let shadow = ConcurrencyLimitLayer::builder()
         .limit(1)
         .key(Header::try_new("x-client").unwrap())
@@ -634,7 +632,7 @@ async fn store_failures_follow_the_failure_policy_and_shadow_mode_never_rejects(
         assert_eq!(r.unwrap().status, StatusCode::OK);
     }
     eventually(Duration::from_secs(5), "memory slots released", || {
-        slots.keys() == 0
+        slots.in_flight(&Namespace::new(NAME), &Key::new("k")) == 0
     })
     .await;
 }

@@ -145,7 +145,8 @@ async fn per_method_quotas_give_an_expensive_method_its_own_limit() {
     let expensive = Policy::new(
         Quota::new(1, Duration::from_secs(60))
             .unwrap()
-            .named("watch"),
+            .named("watch")
+            .unwrap(),
     );
     let l = RateLimitLayer::builder()
         .key(GrpcMethod)

@@ -154,7 +154,8 @@ async fn ietf_style_names_every_policy_and_both_style_sends_both() {
         .and(
             Quota::new(100, Duration::from_secs(3600))
                 .unwrap()
-                .named("hourly"),
+                .named("hourly")
+                .unwrap(),
         )
         .unwrap();
     let l = RateLimitLayer::builder()

@@ -1,17 +1,13 @@
-//! The memory store on its own: exactness, reclaiming expired state, and the key cap.
+//! The memory store on its own: exactness, reclaiming expired state, and the
+//! key cap under a flood of distinct keys.
 
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::time::Duration;
 use tower_ratelimit::key::Key;
-use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Overflow, Store};
-use tower_ratelimit::{Decision, Policy, Quota, StoreError};
+use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Store};
+use tower_ratelimit::{Decision, Policy, Quota};
 
-fn charge(
-    store: &MemoryStore,
-    ns: &Namespace,
-    key: Key,
-    policy: &Policy,
-    now_ms: u64,
-) -> Result<Decision, StoreError> {
+fn charge(store: &MemoryStore, ns: &Namespace, key: Key, policy: &Policy, now_ms: u64) -> Decision {
     store
         .charge(&Charge {
             namespace: ns,
@@ -23,101 +19,102 @@ fn charge(
         })
         .now_or_never()
         .expect("the memory store answers at once")
+        .expect("the memory store never fails")
 }
 
 fn key(i: u64) -> Key {
     Key::new(i.to_le_bytes())
 }
 
+fn hourly(limit: u64) -> Policy {
+    Policy::new(Quota::new(limit, Duration::from_secs(3600)).unwrap())
+}
+
+/// `ratelimit_memory_evictions_total` as `f` leaves it.
+fn evictions(f: impl FnOnce()) -> u64 {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, f);
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find(|(k, ..)| k.key().name() == "ratelimit_memory_evictions_total")
+        .map_or(0, |(.., v)| match v {
+            DebugValue::Counter(n) => n,
+            other => panic!("{other:?}"),
+        })
+}
+
 const CAP: usize = 10_000;
-const FLOOD: u64 = 1_000_000;
+const FLOOD: u64 = 2_000_000;
 
+/// A flood of two million distinct keys (one request each) into a store of
+/// 10,000: a heavy client present from the start keeps its count and is
+/// never reset, a client arriving mid-flood is served within its quota, and
+/// memory stays at its cap.
 #[test]
-fn reject_new_holds_the_cap_under_a_million_unique_keys_and_keeps_existing_clients_exact() {
-    let store = MemoryStore::builder()
-        .max_keys(CAP)
-        .overflow(Overflow::RejectNew)
-        .build();
-    let ns = Namespace::new("cap");
-    let policy = Policy::new(Quota::new(3, Duration::from_secs(60)).unwrap());
-    // A known client uses 2 of 3 before the flood.
-    let victim = Key::new("victim");
-    charge(&store, &ns, victim, &policy, 0).unwrap();
-    charge(&store, &ns, victim, &policy, 0).unwrap();
-    let mut refused = 0u64;
-    for i in 0..FLOOD {
-        match charge(&store, &ns, key(i), &policy, 1) {
-            Ok(d) => assert!(d.is_allowed()),
-            Err(StoreError::Full {
-                max_keys,
-                retry_at_ms,
-            }) => {
-                assert_eq!(max_keys, CAP);
-                assert!(retry_at_ms > 1);
-                refused += 1;
+fn a_flood_of_distinct_keys_costs_the_flooder_not_the_newcomer_nor_the_heavy_client() {
+    let store = MemoryStore::builder().max_keys(CAP).build();
+    let ns = Namespace::new("flood");
+    let (flood, heavy_quota, newcomer_quota) = (hourly(5), hourly(100), hourly(5));
+    let (heavy, newcomer) = (Key::new("heavy"), Key::new("newcomer"));
+    let evicted = evictions(|| {
+        for _ in 0..60 {
+            assert!(charge(&store, &ns, heavy, &heavy_quota, 0).is_allowed());
+        }
+        let mut heavy_admitted = 60;
+        let mut newcomer_admitted = 0;
+        for i in 0..FLOOD {
+            assert!(charge(&store, &ns, key(i), &flood, 1).is_allowed());
+            // The heavy client keeps its pace: one request every 50,000 keys.
+            if i % 50_000 == 0 && charge(&store, &ns, heavy, &heavy_quota, 1).is_allowed() {
+                heavy_admitted += 1;
             }
-            Err(e) => panic!("unexpected error {e}"),
+            // The newcomer arrives halfway and makes ten requests, ten keys apart.
+            if (1_000_000..1_000_100).contains(&i)
+                && i % 10 == 0
+                && charge(&store, &ns, newcomer, &newcomer_quota, 1).is_allowed()
+            {
+                newcomer_admitted += 1;
+            }
+            if i % 250_000 == 0 {
+                assert!(store.len() <= CAP, "{} keys held", store.len());
+            }
         }
-    }
+        assert_eq!(newcomer_admitted, 5, "served, within its quota");
+        assert_eq!(heavy_admitted, 100, "its count was never reset");
+        // Still at its limit after the flood: nothing handed it a fresh window.
+        assert!(!charge(&store, &ns, heavy, &heavy_quota, 2).is_allowed());
+        assert!(!charge(&store, &ns, newcomer, &newcomer_quota, 2).is_allowed());
+    });
     assert!(store.len() <= CAP, "{} keys held", store.len());
-    assert!(refused >= FLOOD - CAP as u64);
-    // The flood did not reset the victim's window: one unit left, then rejected.
-    assert!(charge(&store, &ns, victim, &policy, 2)
-        .unwrap()
-        .is_allowed());
-    assert!(!charge(&store, &ns, victim, &policy, 2)
-        .unwrap()
-        .is_allowed());
+    assert!(
+        store.len() >= CAP * 9 / 10,
+        "the cap is used, not thrown away"
+    );
+    // Every key past the cap made room for itself by evicting one.
+    let extra = FLOOD + 2 - store.len() as u64;
+    assert_eq!(evicted, extra, "evictions are counted");
 }
 
 #[test]
-fn evict_live_holds_the_cap_under_a_million_unique_keys_and_always_serves_newcomers() {
-    let store = MemoryStore::builder()
-        .max_keys(CAP)
-        .overflow(Overflow::EvictLive)
-        .build();
-    let ns = Namespace::new("cap");
-    let policy = Policy::new(Quota::new(3, Duration::from_secs(60)).unwrap());
-    for i in 0..FLOOD {
-        let d = charge(&store, &ns, key(i), &policy, 1).unwrap();
-        assert!(d.is_allowed());
-        if i % 100_000 == 0 {
-            assert!(store.len() <= CAP);
-        }
-    }
-    assert!(store.len() <= CAP, "{} keys held", store.len());
-    assert!(store.len() >= CAP / 2, "the cap is used, not thrown away");
-}
-
-#[test]
-fn expired_state_is_reclaimed_so_new_keys_fit_after_the_window() {
-    let store = MemoryStore::builder()
-        .max_keys(1_000)
-        .overflow(Overflow::RejectNew)
-        .build();
+fn expired_state_makes_room_before_any_live_key_is_evicted() {
+    // One shard: the cap holds exactly 1,000 keys, whatever their hashes.
+    let store = MemoryStore::builder().max_keys(1_000).shards(1).build();
     let ns = Namespace::new("reclaim");
     let policy = Policy::new(Quota::new(1, Duration::from_secs(1)).unwrap());
-    // The cap is enforced per shard, so fill until the store refuses.
-    let mut held = 0;
-    for i in 0..2_000 {
-        if charge(&store, &ns, key(i), &policy, 0).is_ok() {
-            held += 1;
+    let evicted = evictions(|| {
+        for i in 0..1_000 {
+            charge(&store, &ns, key(i), &policy, 0);
         }
-    }
-    assert!((500..=1_000).contains(&held), "{held}");
-    assert!(matches!(
-        charge(&store, &ns, key(5_000), &policy, 500),
-        Err(StoreError::Full { .. })
-    ));
-    // Every window ended at 1000 ms: new keys take their place.
-    let mut fresh = 0;
-    for i in 10_000..12_000 {
-        if charge(&store, &ns, key(i), &policy, 1_000).is_ok() {
-            fresh += 1;
+        // Every window ended at 1000 ms: new keys take their place.
+        for i in 10_000..11_000 {
+            assert!(charge(&store, &ns, key(i), &policy, 1_000).is_allowed());
         }
-    }
-    assert!(fresh >= held, "{fresh} < {held}");
+    });
     assert!(store.len() <= 1_000);
+    assert_eq!(evicted, 0, "only expired state was reclaimed");
 }
 
 #[test]
@@ -125,15 +122,9 @@ fn namespaces_sharing_a_store_keep_separate_state() {
     let store = MemoryStore::new();
     let policy = Policy::new(Quota::new(1, Duration::from_secs(60)).unwrap());
     let (a, b) = (Namespace::new("a"), Namespace::new("b"));
-    assert!(charge(&store, &a, Key::global(), &policy, 0)
-        .unwrap()
-        .is_allowed());
-    assert!(charge(&store, &b, Key::global(), &policy, 0)
-        .unwrap()
-        .is_allowed());
-    assert!(!charge(&store, &a, Key::global(), &policy, 0)
-        .unwrap()
-        .is_allowed());
+    assert!(charge(&store, &a, Key::global(), &policy, 0).is_allowed());
+    assert!(charge(&store, &b, Key::global(), &policy, 0).is_allowed());
+    assert!(!charge(&store, &a, Key::global(), &policy, 0).is_allowed());
 }
 
 #[test]
@@ -144,16 +135,16 @@ fn several_quotas_are_charged_all_or_nothing() {
         .and(Quota::new(3, Duration::from_secs(3600)).unwrap())
         .unwrap();
     let k = Key::new("c");
-    assert!(charge(&store, &ns, k, &policy, 0).unwrap().is_allowed());
-    assert!(charge(&store, &ns, k, &policy, 0).unwrap().is_allowed());
+    assert!(charge(&store, &ns, k, &policy, 0).is_allowed());
+    assert!(charge(&store, &ns, k, &policy, 0).is_allowed());
     // The per-second quota rejects: the hourly one is not charged.
-    let d = charge(&store, &ns, k, &policy, 0).unwrap();
+    let d = charge(&store, &ns, k, &policy, 0);
     assert!(!d.is_allowed());
     assert_eq!(d.statuses()[1].remaining, 1);
     // Next second: one more fits the hourly quota, then the hourly quota rejects,
     // and the per-second quota keeps what it had.
-    assert!(charge(&store, &ns, k, &policy, 1_000).unwrap().is_allowed());
-    let d = charge(&store, &ns, k, &policy, 1_000).unwrap();
+    assert!(charge(&store, &ns, k, &policy, 1_000).is_allowed());
+    let d = charge(&store, &ns, k, &policy, 1_000);
     assert!(!d.is_allowed());
     assert_eq!(
         (d.statuses()[0].remaining, d.statuses()[1].remaining),

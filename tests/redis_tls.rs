@@ -234,3 +234,49 @@ async fn skipping_verification_must_be_asked_for_by_name() {
         .unwrap();
     assert!(charge(&store).await.unwrap().is_allowed());
 }
+
+#[tokio::test]
+async fn connect_opens_every_connection_before_the_first_request_and_reports_a_tls_failure() {
+    if !managed::require("openssl") {
+        return;
+    }
+    let certs = Certs::make();
+    let server = TlsRedis::start(&certs, false, &[]);
+    // Connections the server accepted before this read (each read is one of its own).
+    let received = || {
+        let n: u64 = server.server.info_section("stats")["total_connections_received"]
+            .parse()
+            .unwrap();
+        n - 1
+    };
+    let store = trusting(&server, &certs).connections(3).build().unwrap();
+    let l = layer(store, 5, OnStoreError::FailClosed);
+    let before = received() + 1;
+    l.connect().await.unwrap();
+    let opened = received();
+    assert_eq!(opened - before, 3, "one connection per lane");
+    // Requests now ride the open connections: none is made on their path.
+    let limited = app(l, Arc::new(AtomicUsize::new(0)));
+    for _ in 0..5 {
+        assert_eq!(send(&limited, "c").await, StatusCode::OK);
+    }
+    assert_eq!(send(&limited, "c").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        received(),
+        opened + 1,
+        "only the last read's own connection"
+    );
+
+    // A CA that does not know the server: connect says so, and the layer
+    // still answers per its policy.
+    let other = Certs::make();
+    let untrusted = RedisStore::builder(server.url())
+        .tls_ca_pem(other.ca_pem())
+        .build()
+        .unwrap();
+    let l = layer(untrusted, 5, OnStoreError::FailOpen);
+    let e = l.connect().await.unwrap_err();
+    assert!(e.to_string().contains("TLS"), "{e}");
+    let open = app(l, Arc::new(AtomicUsize::new(0)));
+    assert_eq!(send(&open, "c").await, StatusCode::OK);
+}

@@ -24,12 +24,14 @@ fn policy() -> Policy {
         .unwrap()
         .with_algorithm(Algorithm::TokenBucket)
         .unwrap()
-        .named("per-second");
+        .named("per-second")
+        .unwrap();
     let hourly = Quota::new(5, Duration::from_secs(3_600))
         .unwrap()
         .with_algorithm(Algorithm::SlidingLog)
         .unwrap()
-        .named("hourly");
+        .named("hourly")
+        .unwrap();
     Policy::new(per_second).and(hourly).unwrap()
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Mirrored, decision for decision, by `lua/fixed_window.lua`.
 
-use crate::decision::{MaybeMs, QuotaStatus};
+use crate::decision::QuotaStatus;
 
 /// A key's fixed-window state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,7 +80,7 @@ fn status_of(s: State, limit: u64, now: u64, allowed: bool, cost: u64) -> QuotaS
         },
         allowed,
         window_id: s.reset_ms,
-        uncharged_reset_ms: MaybeMs::some(s.reset_ms),
+        uncharged_reset_ms: Some(s.reset_ms),
     }
 }
 

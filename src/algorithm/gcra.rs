@@ -10,8 +10,8 @@
 //!
 //! Mirrored, decision for decision, by `lua/gcra.lua`.
 
-use super::rate::Rate;
 use crate::decision::QuotaStatus;
+use crate::quota::Rate;
 
 /// A key's GCRA state: the theoretical arrival time `tat_ms + rem / per_ms`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

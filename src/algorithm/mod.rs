@@ -8,14 +8,13 @@
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
-pub(crate) mod rate;
+mod rate;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
 use crate::decision::QuotaStatus;
 use crate::quota::{Algorithm, Quota};
-use rate::Rate;
 
 /// One quota's stored state, whatever its algorithm.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,13 +35,6 @@ pub(crate) enum Next {
     Record,
 }
 
-/// The token-bucket / GCRA rate of a quota (quotas are validated when built,
-/// so the burst is never capped for a configured quota).
-#[inline]
-pub(crate) fn rate_of(q: &Quota) -> Rate {
-    Rate::capped(q.limit(), q.window_ms(), q.burst_size())
-}
-
 macro_rules! state_as {
     ($state:expr, $variant:ident) => {
         match $state {
@@ -55,7 +47,6 @@ macro_rules! state_as {
 /// Evaluates `cost` against `quota` at `now`: the status, and what to write
 /// if every quota of the policy admits the request. A sliding log is pruned
 /// in place first (dropping expired entries changes no decision).
-#[inline]
 pub(crate) fn charge(
     quota: &Quota,
     state: Option<&mut State>,
@@ -71,7 +62,7 @@ pub(crate) fn charge(
         }
         Algorithm::TokenBucket => {
             let (st, s) =
-                token_bucket::charge(state_as!(state, TokenBucket), &rate_of(quota), now, cost);
+                token_bucket::charge(state_as!(state, TokenBucket), &quota.rate(), now, cost);
             (st, Next::Set(State::TokenBucket(s)))
         }
         Algorithm::SlidingWindow => {
@@ -80,7 +71,7 @@ pub(crate) fn charge(
             (st, Next::Set(State::SlidingWindow(s)))
         }
         Algorithm::Gcra => {
-            let (st, s) = gcra::charge(state_as!(state, Gcra), &rate_of(quota), now, cost);
+            let (st, s) = gcra::charge(state_as!(state, Gcra), &quota.rate(), now, cost);
             (st, Next::Set(State::Gcra(s)))
         }
         Algorithm::SlidingLog => {
@@ -118,12 +109,12 @@ fn peek_any(quota: &Quota, state: Option<&State>, now: u64) -> QuotaStatus {
             fixed_window::peek(state_as!(state, FixedWindow), limit, window, now)
         }
         Algorithm::TokenBucket => {
-            token_bucket::peek(state_as!(state, TokenBucket), &rate_of(quota), now)
+            token_bucket::peek(state_as!(state, TokenBucket), &quota.rate(), now)
         }
         Algorithm::SlidingWindow => {
             sliding_window::peek(state_as!(state, SlidingWindow), limit, window, now)
         }
-        Algorithm::Gcra => gcra::peek(state_as!(state, Gcra), &rate_of(quota), now),
+        Algorithm::Gcra => gcra::peek(state_as!(state, Gcra), &quota.rate(), now),
         Algorithm::SlidingLog => {
             let empty = sliding_log::Log::default();
             let log = match state {
@@ -138,7 +129,6 @@ fn peek_any(quota: &Quota, state: Option<&State>, now: u64) -> QuotaStatus {
 
 impl Next {
     /// Writes an admitted charge into `state`, or returns the state to create.
-    #[inline]
     pub(crate) fn apply(self, state: Option<&mut State>, now: u64, cost: u64) -> Option<State> {
         match (self, state) {
             (Next::Set(new), Some(s)) => {
@@ -166,11 +156,10 @@ fn new_log(now: u64, cost: u64) -> sliding_log::Log {
 }
 
 /// Unix ms after which `state` carries no information (reads as absent).
-#[inline]
 pub(crate) fn expires_at(quota: &Quota, state: &State) -> u64 {
     match state {
         State::FixedWindow(s) => s.reset_ms,
-        State::TokenBucket(s) => token_bucket::expires_at(s, &rate_of(quota)),
+        State::TokenBucket(s) => token_bucket::expires_at(s, &quota.rate()),
         State::SlidingWindow(s) => sliding_window::expires_at(s, quota.window_ms()),
         State::Gcra(s) => gcra::expires_at(s),
         State::SlidingLog(log) => log.newest().map_or(0, |t| t + quota.window_ms()),
@@ -194,7 +183,7 @@ pub(crate) fn refund(
             fixed_window::refund(Some(*s), window_id, now, cost).map(State::FixedWindow)
         }
         (Algorithm::TokenBucket, State::TokenBucket(s)) => {
-            token_bucket::refund(Some(*s), &rate_of(quota), window_id, now, cost)
+            token_bucket::refund(Some(*s), &quota.rate(), window_id, now, cost)
                 .map(State::TokenBucket)
         }
         (Algorithm::SlidingWindow, State::SlidingWindow(s)) => {
@@ -202,7 +191,7 @@ pub(crate) fn refund(
                 .map(State::SlidingWindow)
         }
         (Algorithm::Gcra, State::Gcra(s)) => {
-            gcra::refund(Some(*s), &rate_of(quota), window_id, now, cost).map(State::Gcra)
+            gcra::refund(Some(*s), &quota.rate(), window_id, now, cost).map(State::Gcra)
         }
         (Algorithm::SlidingLog, State::SlidingLog(log)) => return log.refund(window_id, cost),
         _ => None,
@@ -214,14 +203,4 @@ pub(crate) fn refund(
         }
         None => false,
     }
-}
-
-/// What a refund does to the status a response reports: the cost comes back,
-/// capped at the limit, and the reset is the one before the charge.
-pub(crate) fn refunded_status(mut status: QuotaStatus, cost: u64) -> QuotaStatus {
-    status.remaining = status.remaining.saturating_add(cost).min(status.limit);
-    if let Some(reset) = status.uncharged_reset_ms.get() {
-        status.reset_ms = reset;
-    }
-    status
 }

@@ -10,7 +10,7 @@
 //! room (for the retry). `lua/sliding_log.lua` returns exactly that, and
 //! both stores run [`charge`] on it.
 
-use crate::decision::{MaybeMs, QuotaStatus};
+use crate::decision::QuotaStatus;
 use std::collections::VecDeque;
 
 /// A key's log: `(time ms, cost)` entries sorted by time, one per ms, and their total.
@@ -128,7 +128,7 @@ pub(crate) fn charge(
         allowed,
         // The entry this charge is logged in.
         window_id: now,
-        uncharged_reset_ms: MaybeMs::some(reset(newest)),
+        uncharged_reset_ms: Some(reset(newest)),
     }
 }
 

@@ -12,7 +12,7 @@
 //!
 //! Mirrored, decision for decision, by `lua/sliding_window.lua`.
 
-use crate::decision::{MaybeMs, QuotaStatus};
+use crate::decision::QuotaStatus;
 
 /// A key's sliding-window state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub(crate) fn charge(
         retry_after_ms,
         allowed,
         window_id: s.start_ms,
-        uncharged_reset_ms: MaybeMs::some(reset(&s, window_ms, now)),
+        uncharged_reset_ms: Some(reset(&s, window_ms, now)),
     };
     (status, next)
 }

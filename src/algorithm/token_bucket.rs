@@ -9,8 +9,8 @@
 //!
 //! Mirrored, decision for decision, by `lua/token_bucket.lua`.
 
-use super::rate::Rate;
 use crate::decision::QuotaStatus;
+use crate::quota::Rate;
 
 /// A key's token-bucket state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,18 +1,19 @@
-//! The concurrency limiter every clone of a layer shares, and the [`Slot`]
-//! guard that gives a request's slot back whatever way the request ends.
+//! The concurrency limiter every clone of a layer shares, its decision
+//! pipeline (key, one acquire, verdict), and the [`Slot`] guard that gives a
+//! request's slot back whatever way the request ends.
 
-use super::memory::MemorySlots;
-use super::metrics::Metrics;
 use super::response::{self, ConcurrencyRejection};
-use super::store::{Acquire, Occupancy, Release, SlotId, SlotStore};
-use crate::breaker::{Admit, Breaker, BreakerState};
+use crate::builder::KeyErrorFn;
 use crate::clock::Clock;
 use crate::error::StoreError;
+use crate::failure::{self, Guard, Log, OnStoreError, Permit};
 use crate::grpc;
 use crate::headers::HeaderStyle;
 use crate::key::{Key, KeyExtractor};
-use crate::limiter::{KeyErrorFn, LogThrottle, OnStoreError};
-use crate::store::{Namespace, StoreFuture};
+use crate::later::Later;
+use crate::metrics::{StoreMetrics as Metrics, CONCURRENCY};
+use crate::problem;
+use crate::store::{Acquire, MemoryStore, Namespace, Occupancy, Release, SlotId, Store};
 use bytes::Bytes;
 use http::request::Parts;
 use http::Response;
@@ -24,7 +25,7 @@ pub(crate) type RejectionFn = dyn Fn(&ConcurrencyRejection<'_>) -> Response<Byte
 
 pub(crate) struct Limiter {
     pub(crate) namespace: Namespace,
-    pub(crate) store: Arc<dyn SlotStore>,
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) key: Arc<dyn KeyExtractor>,
     pub(crate) limit: u64,
@@ -33,31 +34,17 @@ pub(crate) struct Limiter {
     pub(crate) retry_after_secs: u64,
     pub(crate) on_rejection: Arc<RejectionFn>,
     pub(crate) on_key_error: Arc<KeyErrorFn>,
-    pub(crate) on_store_error: OnStoreError,
     pub(crate) store_timeout: Duration,
     pub(crate) shadow: bool,
-    pub(crate) breaker: Breaker,
+    pub(crate) guard: Guard,
     /// The in-process slots used by [`OnStoreError::Local`], and their per-key limit.
-    pub(crate) fallback: Option<(MemorySlots, u64)>,
-    pub(crate) log: LogThrottle,
+    pub(crate) fallback: Option<(MemoryStore, u64)>,
     pub(crate) metrics: OnceLock<Metrics>,
 }
 
-/// How a request starts.
-pub(crate) enum Begin {
-    /// Call the inner service now: exempt (no slot), or admitted without a
-    /// store call by the failure policy while the breaker is open.
-    Forward(Option<Slot>),
-    /// The limiter answers (a key error, or a rejection without a store call).
-    Answer(Response<Bytes>),
-    /// The store call is made; `slot` is armed before it is sent, so a request
-    /// dropped while the call is in flight still gives back what it may have taken.
-    Acquire {
-        fut: StoreFuture<Result<Occupancy, StoreError>>,
-        slot: Slot,
-        started: Option<Instant>,
-    },
-}
+/// What happens to a request: forwarded holding its slot (none when
+/// exempt), or answered.
+pub(crate) type Verdict = crate::later::Verdict<Option<Slot>>;
 
 /// A request's slot: given back when dropped — at the end of the response
 /// body, or when the request is dropped, fails or panics first.
@@ -82,49 +69,43 @@ pub struct Slot {
 impl Limiter {
     pub(crate) fn metrics(&self) -> &Metrics {
         self.metrics
-            .get_or_init(|| Metrics::new(self.namespace.name()))
+            .get_or_init(|| Metrics::new(&CONCURRENCY, self.namespace.name()))
     }
 
-    fn acquire_call<'a>(
-        &'a self,
-        key: &'a Key,
-        id: SlotId,
-        limit: u64,
-        now_ms: u64,
-    ) -> Acquire<'a> {
+    fn acquire_call<'a>(&'a self, slot: &'a Slot, limit: u64) -> Acquire<'a> {
         Acquire {
             namespace: &self.namespace,
-            key,
-            id,
+            key: &slot.key,
+            id: slot.id,
             limit,
-            now_ms,
+            now_ms: self.clock.now_ms(),
             lease: self.lease,
             timeout: self.store_timeout,
         }
     }
 
-    /// Extracts the key and starts the one store call of a request.
-    pub(crate) fn begin(self: &Arc<Self>, parts: &Parts) -> Begin {
+    /// The whole path of one request to its verdict: its key, then one
+    /// acquire (bounded by the store timeout, behind the breaker).
+    pub(crate) fn decide(self: &Arc<Self>, parts: &Parts) -> Later<Verdict> {
         let grpc = grpc::is_grpc(parts);
         let key = match self.key.extract(parts) {
             Ok(Some(key)) => key,
             Ok(None) => {
                 self.metrics().exempt.increment(1);
-                return Begin::Forward(None);
+                return Later::Now(Some(Verdict::Forward(None)));
             }
             Err(err) => {
                 self.metrics().key_error.increment(1);
-                self.log.event(&self.log.key_error, || {
+                self.guard.log.event(Log::KeyError, || {
                     tracing::error!(limiter = self.namespace.name(), error = %err, "concurrency limit key extraction failed");
                 });
-                return Begin::Answer(if grpc {
+                return Later::Now(Some(Verdict::Answer(if grpc {
                     grpc::error(grpc::INTERNAL, &err.to_string(), None)
                 } else {
                     (self.on_key_error)(&err)
-                });
+                })));
             }
         };
-        let now_ms = self.clock.now_ms();
         let mut slot = Slot {
             limiter: self.clone(),
             key,
@@ -134,70 +115,43 @@ impl Limiter {
             counted: false,
             grpc,
         };
-        match self.breaker.admit(now_ms) {
-            Admit::Call => {}
-            Admit::Probe => self
-                .metrics()
-                .breaker_state
-                .set(BreakerState::HalfOpen as u8 as f64),
-            Admit::Reject => {
-                return match self.store_failed(&mut slot, StoreError::CircuitOpen) {
-                    Some(res) => Begin::Answer(res),
-                    None => Begin::Forward(Some(slot)),
-                };
-            }
-        }
-        let mut fut = self
-            .store
-            .acquire(&self.acquire_call(&slot.key, slot.id, self.limit, now_ms));
-        slot.in_store = true;
-        let started = match fut.now_or_never() {
-            Some(result) => {
-                fut = StoreFuture::ready(result);
-                None
-            }
-            None => Some(Instant::now()),
+        let permit = match self.guard.admit(0, self.metrics()) {
+            Ok(permit) => permit,
+            Err(open) => return Later::Now(Some(self.store_failed(slot, open))),
         };
-        Begin::Acquire { fut, slot, started }
+        let mut fut = self.store.acquire(&self.acquire_call(&slot, self.limit));
+        // Armed before the answer: a request dropped while the call is in
+        // flight still gives back what it may have taken.
+        slot.in_store = true;
+        if let Some(result) = fut.now_or_never() {
+            return Later::Now(Some(self.verdict(slot, permit, None, result)));
+        }
+        let this = self.clone();
+        Later::pending(async move {
+            let started = Instant::now();
+            let result = failure::within(this.store_timeout, fut).await;
+            this.verdict(slot, permit, Some(started), result)
+        })
     }
 
-    /// Acts on the store's answer: `None` forwards the request (holding
-    /// `slot`), `Some` answers it (the slot is given back when dropped).
-    pub(crate) fn verdict(
+    /// Acts on the store's answer.
+    fn verdict(
         &self,
-        slot: &mut Slot,
+        mut slot: Slot,
+        permit: Permit,
         started: Option<Instant>,
         result: Result<Occupancy, StoreError>,
-    ) -> Option<Response<Bytes>> {
+    ) -> Verdict {
         let m = self.metrics();
         if let Some(t) = started {
             m.decide_duration.record(t.elapsed().as_secs_f64());
         }
-        match &result {
-            Ok(_) => {
-                if self.breaker.success() {
-                    m.breaker_state.set(BreakerState::Closed as u8 as f64);
-                    tracing::info!(
-                        limiter = self.namespace.name(),
-                        "concurrency store answers again; circuit closed"
-                    );
-                }
-            }
-            Err(_) => {
-                if self.breaker.failure(self.clock.now_ms()) {
-                    m.breaker_state.set(BreakerState::Open as u8 as f64);
-                    tracing::warn!(
-                        limiter = self.namespace.name(),
-                        "concurrency store keeps failing; circuit opened"
-                    );
-                }
-            }
-        }
+        self.guard.record(permit, &result, m);
         match result {
             Ok(o) if o.acquired => {
                 m.allowed.increment(1);
-                self.admitted(slot);
-                None
+                self.admitted(&mut slot);
+                Verdict::Forward(Some(slot))
             }
             Ok(o) => {
                 slot.in_store = false;
@@ -212,24 +166,24 @@ impl Limiter {
         self.metrics().in_flight.increment(1);
     }
 
-    fn reject(&self, slot: &mut Slot, in_flight: u64, limit: u64) -> Option<Response<Bytes>> {
+    fn reject(&self, mut slot: Slot, in_flight: u64, limit: u64) -> Verdict {
         let m = self.metrics();
         if self.shadow {
             // Would-be rejections hold no slot: the store keeps counting only
             // the requests the limit would have admitted.
             m.shadow_rejected.increment(1);
-            self.log.event(&self.log.rejected, || {
+            self.guard.log.event(Log::Rejected, || {
                 tracing::info!(
                     limiter = self.namespace.name(),
                     limit,
                     "concurrency limit would reject (shadow mode: admitted)"
                 );
             });
-            self.admitted(slot);
-            return None;
+            self.admitted(&mut slot);
+            return Verdict::Forward(Some(slot));
         }
         m.rejected.increment(1);
-        self.log.event(&self.log.rejected, || {
+        self.guard.log.event(Log::Rejected, || {
             tracing::info!(
                 limiter = self.namespace.name(),
                 limit,
@@ -249,53 +203,42 @@ impl Limiter {
             (self.on_rejection)(&r)
         };
         response::apply(self.headers, &r, res.headers_mut());
-        Some(res)
+        Verdict::Answer(res)
     }
 
-    fn store_failed(&self, slot: &mut Slot, err: StoreError) -> Option<Response<Bytes>> {
-        let m = self.metrics();
-        m.store_error(err.kind());
-        let policy = self.on_store_error;
-        self.log.event(&self.log.store_error, || {
-            tracing::error!(limiter = self.namespace.name(), error = %err, kind = err.kind(), on_store_error = policy.label(), "concurrency store failed");
-        });
+    fn store_failed(&self, mut slot: Slot, err: StoreError) -> Verdict {
         // `slot.in_store` stays set when the call was made: the acquire may
         // have run, so the slot is released (best effort) when the request ends.
-        match policy {
+        match self.guard.failed(&err, self.metrics()) {
             OnStoreError::FailOpen => {
-                m.fail_open.increment(1);
-                self.admitted(slot);
-                None
+                self.admitted(&mut slot);
+                Verdict::Forward(Some(slot))
             }
-            OnStoreError::FailClosed => {
-                m.fail_closed.increment(1);
-                Some(crate::response::unavailable(
-                    slot.grpc,
-                    1,
-                    "the concurrency limiter cannot reach its store",
-                ))
-            }
-            OnStoreError::Local { .. } => {
-                m.fail_local.increment(1);
-                let (local, limit) = self
-                    .fallback
-                    .as_ref()
-                    .expect("a local fallback is built with OnStoreError::Local");
-                let o = local.acquire_now(&self.acquire_call(
-                    &slot.key,
-                    slot.id,
-                    *limit,
-                    self.clock.now_ms(),
-                ));
-                if o.acquired {
-                    slot.in_fallback = true;
-                    self.admitted(slot);
-                    None
-                } else {
-                    self.reject(slot, o.in_flight, *limit)
+            OnStoreError::Local { .. } if self.fallback.is_some() => {
+                let (local, limit) = self.fallback.as_ref().expect("checked");
+                let o = local
+                    .acquire(&self.acquire_call(&slot, *limit))
+                    .now_or_never();
+                match o {
+                    Some(Ok(o)) if o.acquired => {
+                        slot.in_fallback = true;
+                        self.admitted(&mut slot);
+                        Verdict::Forward(Some(slot))
+                    }
+                    Some(Ok(o)) => self.reject(slot, o.in_flight, *limit),
+                    _ => self.unavailable(&slot),
                 }
             }
+            _ => self.unavailable(&slot),
         }
+    }
+
+    fn unavailable(&self, slot: &Slot) -> Verdict {
+        Verdict::Answer(problem::unavailable(
+            slot.grpc,
+            1,
+            "the concurrency limiter cannot reach its store",
+        ))
     }
 
     fn release(self: &Arc<Self>, slot: &Slot) {
@@ -312,7 +255,7 @@ impl Limiter {
         };
         if slot.in_fallback {
             if let Some((local, _)) = &self.fallback {
-                local.release_now(&call);
+                let _ = local.release(&call).now_or_never();
             }
         }
         if !slot.in_store {
@@ -320,21 +263,19 @@ impl Limiter {
         }
         let this = self.clone();
         let fut = self.store.release(&call);
-        if !crate::limiter::run_off_path(fut, move |result, started| this.released(result, started))
-        {
+        let done = move |result, started| {
+            if let Err(err) = this.metrics().off_path_done(result, started) {
+                this.guard.log.event(Log::StoreError, || {
+                    tracing::warn!(limiter = this.namespace.name(), error = %err, kind = err.kind(), "concurrency slot release failed; the slot expires with its lease");
+                });
+            }
+        };
+        if !failure::off_path(fut, self.store_timeout, done) {
             self.metrics().off_path_failed.increment(1);
             tracing::warn!(
                 limiter = self.namespace.name(),
                 "no tokio runtime to release a concurrency slot on; it expires with its lease"
             );
-        }
-    }
-
-    fn released(&self, result: Result<(), StoreError>, started: Option<Instant>) {
-        if let Err(err) = self.metrics().off_path_done(result, started) {
-            self.log.event(&self.log.store_error, || {
-                tracing::warn!(limiter = self.namespace.name(), error = %err, kind = err.kind(), "concurrency slot release failed; the slot expires with its lease");
-            });
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The concurrent-requests limiter: at most N requests in flight per key, per
-//! process ([`MemorySlots`]) or for the whole fleet (`RedisStore`).
+//! process or for the whole fleet.
 //!
 //! ```
 //! use axum::{routing::get, Router};
@@ -18,6 +18,10 @@
 //!     .route_layer(reports);
 //! ```
 //!
+//! Slots live in the layer's [`Store`](crate::store::Store): per process
+//! in a [`MemoryStore`](crate::store::MemoryStore) (the default), or for the
+//! whole fleet in a `RedisStore`.
+//!
 //! A request rate limit ([`RateLimitLayer`](crate::RateLimitLayer)) bounds how
 //! many requests a client *starts* per window; this bounds how many *run at
 //! once*, which is what protects expensive endpoints from slow or bursty
@@ -25,7 +29,7 @@
 //!
 //! # Slots
 //!
-//! A request takes a slot (a unique [`SlotId`]) before the inner service is
+//! A request takes a slot (a unique [`SlotId`](crate::store::SlotId)) before the inner service is
 //! called and gives it back when the response body has produced its last
 //! frame — or, first, when the body is dropped (the client disconnected
 //! mid-response), the request future is dropped (the client went away
@@ -83,21 +87,19 @@
 //! | `concurrency_breaker_state` | gauge | | 0 closed, 1 open, 2 half-open |
 //! | `concurrency_releases_total` | counter | `result` = `ok`, `failed` | slots given back to the store |
 
-mod body;
 mod future;
 mod layer;
 mod limiter;
-mod memory;
-mod metrics;
 mod response;
 mod service;
-mod store;
 
-pub use body::ResponseBody;
 pub use future::ResponseFuture;
-pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder, DEFAULT_LEASE};
+pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder, Settings, DEFAULT_LEASE};
 pub use limiter::Slot;
-pub use memory::MemorySlots;
 pub use response::{default_rejection, ConcurrencyRejection};
 pub use service::ConcurrencyLimit;
-pub use store::{Acquire, Occupancy, Release, SlotId, SlotStore};
+
+/// The concurrency limiter's response body: the inner service's body holding
+/// the request's [`Slot`] until it has been sent (last frame, error, or drop
+/// on a client disconnect), or the limiter's own 429.
+pub type ResponseBody<B> = crate::body::GuardedBody<B, Slot>;

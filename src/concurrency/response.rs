@@ -1,14 +1,9 @@
 //! The concurrency limiter's 429 and the headers that tell the in-flight limit.
 
-use crate::headers::{
-    append_list, write_sf_string, HeaderStyle, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING,
-};
-use crate::response::{problem, write_json_string};
+use crate::headers::{self, HeaderStyle, Member};
+use crate::problem::Problem;
 use bytes::Bytes;
-use http::header::RETRY_AFTER;
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use std::fmt::Write as _;
+use http::{HeaderMap, Response, StatusCode};
 
 /// What a concurrency rejection knows, for a custom rejection response.
 #[derive(Debug)]
@@ -50,31 +45,33 @@ impl ConcurrencyRejection<'_> {
 /// let layer = ConcurrencyLimitLayer::builder().limit(2).on_rejection(default_rejection).build();
 /// ```
 pub fn default_rejection(r: &ConcurrencyRejection<'_>) -> Response<Bytes> {
-    let detail = r.detail();
-    let mut body = String::with_capacity(160);
-    body.push_str(r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"#);
-    write_json_string(&mut body, &detail);
-    let _ = write!(body, r#","retry_after":{}}}"#, r.retry_after_secs);
-    problem(StatusCode::TOO_MANY_REQUESTS, body)
+    Problem {
+        retry_after: Some(r.retry_after_secs),
+        ..Problem::new(StatusCode::TOO_MANY_REQUESTS, &r.detail())
+    }
+    .response()
 }
 
-/// Writes the in-flight limit on a rejection (as metadata for gRPC): `Retry-After` always, then per `style`
-/// `X-RateLimit-Limit`/`-Remaining` and IETF `RateLimit-Policy`/`RateLimit`
-/// with `qu="concurrent-requests"`.
-pub(crate) fn apply(style: HeaderStyle, r: &ConcurrencyRejection<'_>, headers: &mut HeaderMap) {
-    headers.insert(RETRY_AFTER, HeaderValue::from(r.retry_after_secs));
-    if matches!(style, HeaderStyle::GitHub | HeaderStyle::Both) {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(r.limit));
-        headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(0u64));
+/// Writes the in-flight limit on a rejection (as metadata for gRPC):
+/// `Retry-After` always, then per `style` `X-RateLimit-Limit`/`-Remaining`
+/// and IETF `RateLimit-Policy`/`RateLimit` with `qu="concurrent-requests"`.
+pub(crate) fn apply(style: HeaderStyle, r: &ConcurrencyRejection<'_>, h: &mut HeaderMap) {
+    headers::retry_after(h, r.retry_after_secs);
+    if style.github() {
+        headers::github(h, r.limit, 0, None);
     }
-    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let mut policy = String::new();
-        write_sf_string(&mut policy, r.name);
-        let mut state = policy.clone();
-        let _ = write!(policy, ";q={};qu=\"concurrent-requests\"", r.limit);
-        state.push_str(";r=0");
-        append_list(headers, &RATELIMIT_POLICY, policy);
-        append_list(headers, &RATELIMIT, state);
+    if style.ietf() {
+        headers::ietf(
+            h,
+            [Member {
+                name: r.name,
+                quota: r.limit,
+                window_secs: None,
+                unit: Some("concurrent-requests"),
+                remaining: 0,
+                reset_secs: None,
+            }],
+        );
     }
 }
 
@@ -96,13 +93,13 @@ mod tests {
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(h["content-type"], "application/problem+json");
         assert_eq!(
-            h[&RATELIMIT_POLICY],
+            h[&headers::RATELIMIT_POLICY],
             r#""concurrency";q=5;qu="concurrent-requests""#
         );
-        assert_eq!(h[&RATELIMIT], r#""concurrency";r=0"#);
-        assert_eq!(h[&X_RATELIMIT_LIMIT], "5");
-        assert_eq!(h[&X_RATELIMIT_REMAINING], "0");
-        assert_eq!(h[RETRY_AFTER], "1");
+        assert_eq!(h[&headers::RATELIMIT], r#""concurrency";r=0"#);
+        assert_eq!(h[&headers::X_RATELIMIT_LIMIT], "5");
+        assert_eq!(h[&headers::X_RATELIMIT_REMAINING], "0");
+        assert_eq!(h[http::header::RETRY_AFTER], "1");
         let mut h = HeaderMap::new();
         apply(HeaderStyle::None, &r, &mut h);
         assert_eq!(h.len(), 1, "Retry-After only: {h:?}");

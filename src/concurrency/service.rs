@@ -1,8 +1,8 @@
 //! [`ConcurrencyLimit`]: the service the layer produces.
 
-use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::limiter::Limiter;
+use super::ResponseBody;
 use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;

@@ -83,7 +83,7 @@ impl ApiKey {
 impl KeyExtractor for ApiKey {
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
         let value = match parts.headers.get(&self.name) {
-            Some(value) => trim(value.as_bytes()),
+            Some(value) => value.as_bytes().trim_ascii(),
             None => return Err(self.error("is missing")),
         };
         let secret = if self.bearer {
@@ -108,7 +108,7 @@ fn bearer_token(value: &[u8]) -> Result<&[u8], &'static str> {
     if !scheme.eq_ignore_ascii_case(b"bearer") {
         return Err("does not use the Bearer scheme");
     }
-    let token = trim(rest);
+    let token = rest.trim_ascii();
     if token.is_empty() {
         return Err("has no bearer token");
     }
@@ -117,16 +117,6 @@ fn bearer_token(value: &[u8]) -> Result<&[u8], &'static str> {
         return Err("has a malformed bearer token");
     }
     Ok(token)
-}
-
-fn trim(mut b: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = b {
-        b = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = b {
-        b = rest;
-    }
-    b
 }
 
 #[cfg(test)]

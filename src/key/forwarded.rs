@@ -63,19 +63,19 @@ fn parse_entry(entry: &[u8], which: ForwardedHeader) -> Option<IpAddr> {
 fn forwarded_for(element: &[u8]) -> Option<&[u8]> {
     let mut found = None;
     for pair in element.split(|b| *b == b';') {
-        let pair = trim_ows(pair);
+        let pair = pair.trim_ascii();
         if pair.is_empty() {
             continue;
         }
         let eq = pair.iter().position(|b| *b == b'=')?;
-        if !trim_ows(&pair[..eq]).eq_ignore_ascii_case(b"for") {
+        if !pair[..eq].trim_ascii().eq_ignore_ascii_case(b"for") {
             continue;
         }
         // RFC 7239 allows each parameter once; two `for`s leave the hop ambiguous.
         if found.is_some() {
             return None;
         }
-        found = Some(unquote(trim_ows(&pair[eq + 1..]))?);
+        found = Some(unquote(pair[eq + 1..].trim_ascii())?);
     }
     found
 }
@@ -100,7 +100,7 @@ fn unquote(value: &[u8]) -> Option<&[u8]> {
 /// Returns the canonical address (IPv4-mapped IPv6 as IPv4) so trust checks
 /// against IPv4 CIDRs see what a dual-stack proxy meant.
 pub(crate) fn parse_node(raw: &[u8]) -> Option<IpAddr> {
-    let raw = trim_ows(raw);
+    let raw = raw.trim_ascii();
     if raw.len() > MAX_NODE_LEN {
         return None;
     }
@@ -146,16 +146,6 @@ fn is_port(s: &str) -> bool {
         }
         None => !s.is_empty() && s.len() <= 5 && s.parse::<u16>().is_ok(),
     }
-}
-
-fn trim_ows(mut b: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = b {
-        b = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = b {
-        b = rest;
-    }
-    b
 }
 
 #[cfg(test)]

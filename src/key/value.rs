@@ -51,14 +51,7 @@ impl Key {
         let mut h = Sha256::new();
         h.update([TAG_SECRET]);
         h.update(value.as_ref());
-        let digest = h.finalize();
-        let mut bytes = [0u8; CAPACITY];
-        bytes[0] = TAG_SECRET;
-        bytes[1..1 + DIGEST_LEN].copy_from_slice(&digest[..DIGEST_LEN]);
-        Key {
-            len: (1 + DIGEST_LEN) as u8,
-            bytes,
-        }
+        Self::digest(TAG_SECRET, h)
     }
 
     /// A key for an IP address. Callers normalise first (see [`crate::key::ClientIp`]);
@@ -120,7 +113,7 @@ impl Key {
             let mut h = Sha256::new();
             h.update([tag]);
             h.update(payload);
-            Self::digest(h)
+            Self::digest(TAG_DIGEST, h)
         }
     }
 
@@ -136,14 +129,15 @@ impl Key {
         } else {
             let mut h = Sha256::new();
             h.update(enc);
-            Self::digest(h)
+            Self::digest(TAG_DIGEST, h)
         }
     }
 
-    fn digest(h: Sha256) -> Self {
+    /// A key of `tag` and the first bytes of `h`'s digest.
+    fn digest(tag: u8, h: Sha256) -> Self {
         let digest = h.finalize();
         let mut bytes = [0u8; CAPACITY];
-        bytes[0] = TAG_DIGEST;
+        bytes[0] = tag;
         bytes[1..1 + DIGEST_LEN].copy_from_slice(&digest[..DIGEST_LEN]);
         Key {
             len: (1 + DIGEST_LEN) as u8,

@@ -1,8 +1,8 @@
 //! [`ResponseFuture`]: a request the shedder admitted, or its 503.
 
-use super::body::ResponseBody;
 use super::shedder::Admission;
-use crate::guarded_body::GuardedBody;
+use super::ResponseBody;
+use crate::body::GuardedBody;
 use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;

@@ -3,9 +3,9 @@
 use super::priority::Priority;
 use super::service::LoadShed;
 use super::shedder::{default_response, ClassifyFn, Overloaded, ShedFn, Shedder, UtilisationFn};
+use crate::builder::Builder;
 use crate::error::ConfigError;
-use crate::layer::check_name;
-use crate::limiter::LogThrottle;
+use crate::failure::LogThrottle;
 use bytes::Bytes;
 use http::request::Parts;
 use http::Response;
@@ -66,7 +66,17 @@ pub struct LoadShedLayer {
 impl LoadShedLayer {
     /// Starts configuring a layer.
     pub fn builder() -> LoadShedLayerBuilder {
-        LoadShedLayerBuilder::default()
+        Builder::with(
+            "default",
+            Settings {
+                capacity: None,
+                utilisation: None,
+                classify: Arc::new(|_: &Parts| Priority::Normal),
+                shares: DEFAULT_SHARES.map(|(_, s)| s),
+                retry_after: Duration::from_secs(1),
+                on_shed: Arc::new(default_response),
+            },
+        )
     }
 
     /// Requests in flight through this layer (and its clones) now.
@@ -99,56 +109,31 @@ impl fmt::Debug for LoadShedLayer {
     }
 }
 
-/// Configures a [`LoadShedLayer`]; [`build`](Self::build) checks the configuration.
-#[must_use]
-pub struct LoadShedLayerBuilder {
-    name: String,
+/// Configures a [`LoadShedLayer`]: of the options every layer shares (see
+/// [`Builder`]) its name and shadow mode apply (it calls no store), and the
+/// load shedder's own (below).
+pub type LoadShedLayerBuilder = Builder<Settings>;
+
+/// The load shedder's own options, set through [`LoadShedLayerBuilder`].
+pub struct Settings {
     capacity: Option<u64>,
     utilisation: Option<Arc<UtilisationFn>>,
     classify: Arc<ClassifyFn>,
     shares: [f64; 4],
     retry_after: Duration,
     on_shed: Arc<ShedFn>,
-    shadow: bool,
 }
 
-impl Default for LoadShedLayerBuilder {
-    fn default() -> Self {
-        Self {
-            name: "default".into(),
-            capacity: None,
-            utilisation: None,
-            classify: Arc::new(|_: &Parts| Priority::Normal),
-            shares: DEFAULT_SHARES.map(|(_, s)| s),
-            retry_after: Duration::from_secs(1),
-            on_shed: Arc::new(default_response),
-            shadow: false,
-        }
-    }
-}
-
-impl fmt::Debug for LoadShedLayerBuilder {
+impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoadShedLayerBuilder")
-            .field("name", &self.name)
+        f.debug_struct("Settings")
             .field("capacity", &self.capacity)
             .field("shares", &self.shares)
             .finish_non_exhaustive()
     }
 }
 
-impl LoadShedLayerBuilder {
-    /// Names the shedder (default `"default"`) in metrics and logs. `[A-Za-z0-9_.-]`, 1 to 64 bytes.
-    ///
-    /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
-    /// assert!(LoadShedLayer::builder().name("api").capacity(10).build().is_ok());
-    /// ```
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
-    }
-
+impl Builder<Settings> {
     /// How many requests this process serves at once at full load (at least 1).
     /// Each class may have `floor(share × capacity)` in flight.
     ///
@@ -158,7 +143,7 @@ impl LoadShedLayerBuilder {
     /// assert!(LoadShedLayer::builder().capacity(0).build().is_err());
     /// ```
     pub fn capacity(mut self, requests: u64) -> Self {
-        self.capacity = Some(requests);
+        self.kind.capacity = Some(requests);
         self
     }
 
@@ -184,7 +169,7 @@ impl LoadShedLayerBuilder {
     where
         F: Fn() -> f64 + Send + Sync + 'static,
     {
-        self.utilisation = Some(Arc::new(signal));
+        self.kind.utilisation = Some(Arc::new(signal));
         self
     }
 
@@ -208,7 +193,7 @@ impl LoadShedLayerBuilder {
     where
         F: Fn(&Parts) -> Priority + Send + Sync + 'static,
     {
-        self.classify = Arc::new(f);
+        self.kind.classify = Arc::new(f);
         self
     }
 
@@ -226,7 +211,7 @@ impl LoadShedLayerBuilder {
     /// assert!(LoadShedLayer::builder().capacity(100).share(Priority::Test, 0.95).build().is_err());
     /// ```
     pub fn share(mut self, class: Priority, share: f64) -> Self {
-        self.shares[class.index()] = share;
+        self.kind.shares[class.index()] = share;
         self
     }
 
@@ -242,7 +227,7 @@ impl LoadShedLayerBuilder {
     ///     .unwrap();
     /// ```
     pub fn retry_after(mut self, wait: Duration) -> Self {
-        self.retry_after = wait;
+        self.kind.retry_after = wait;
         self
     }
 
@@ -265,19 +250,7 @@ impl LoadShedLayerBuilder {
     where
         F: Fn(&Overloaded) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.on_shed = Arc::new(f);
-        self
-    }
-
-    /// Shadow mode: decide and count as usual, but never shed. Would-be sheds
-    /// are counted per class (`load_shed_shadow_total`) and logged.
-    ///
-    /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
-    /// let layer = LoadShedLayer::builder().capacity(100).shadow(true).build().unwrap();
-    /// ```
-    pub fn shadow(mut self, shadow: bool) -> Self {
-        self.shadow = shadow;
+        self.kind.on_shed = Arc::new(f);
         self
     }
 
@@ -289,13 +262,19 @@ impl LoadShedLayerBuilder {
     /// assert!(LoadShedLayer::builder().build().is_err());
     /// ```
     pub fn build(self) -> Result<LoadShedLayer, ConfigError> {
-        check_name(&self.name)?;
-        if self.capacity.is_none() && self.utilisation.is_none() {
+        let Builder { common, kind } = self;
+        common.check()?;
+        if common.store.is_some() {
+            return Err(ConfigError::new(
+                "the load shedder counts the requests of this process and calls no store",
+            ));
+        }
+        if kind.capacity.is_none() && kind.utilisation.is_none() {
             return Err(ConfigError::new(
                 "no load signal: call .capacity(n) and/or .utilisation(signal)",
             ));
         }
-        for (p, s) in Priority::ALL.iter().zip(self.shares) {
+        for (p, s) in Priority::ALL.iter().zip(kind.shares) {
             if !(s > 0.0 && s <= 1.0) {
                 return Err(ConfigError::new(format!(
                     "the share of {p} traffic must be in (0, 1], got {s}"
@@ -304,26 +283,26 @@ impl LoadShedLayerBuilder {
         }
         for w in Priority::ALL.windows(2) {
             let (more, less) = (w[0], w[1]);
-            if self.shares[less.index()] > self.shares[more.index()] {
+            if kind.shares[less.index()] > kind.shares[more.index()] {
                 return Err(ConfigError::new(format!(
                     "{less} traffic may not use a larger share ({}) than {more} traffic ({}): \
                      it would be shed later",
-                    self.shares[less.index()],
-                    self.shares[more.index()]
+                    kind.shares[less.index()],
+                    kind.shares[more.index()]
                 )));
             }
         }
-        let limits = match self.capacity {
+        let limits = match kind.capacity {
             None => None,
             Some(0) => return Err(ConfigError::new("the capacity must be at least 1")),
             Some(cap) => {
                 // The epsilon keeps 0.29 × 100 at 29, not 28.999….
-                let limits = self.shares.map(|s| (s * cap as f64 + 1e-9).floor() as u64);
+                let limits = kind.shares.map(|s| (s * cap as f64 + 1e-9).floor() as u64);
                 if let Some(p) = Priority::ALL.iter().find(|p| limits[p.index()] == 0) {
                     return Err(ConfigError::new(format!(
                         "a capacity of {cap} leaves {p} traffic no room at share {}: raise the \
                          capacity or the share",
-                        self.shares[p.index()]
+                        kind.shares[p.index()]
                     )));
                 }
                 Some(limits)
@@ -331,16 +310,16 @@ impl LoadShedLayerBuilder {
         };
         Ok(LoadShedLayer {
             shedder: Arc::new(Shedder {
-                name: self.name,
-                classify: self.classify,
+                name: common.name,
+                classify: kind.classify,
                 limits,
-                shares: self.shares,
-                utilisation: self.utilisation,
+                shares: kind.shares,
+                utilisation: kind.utilisation,
                 in_flight: AtomicU64::new(0),
-                retry_after_secs: crate::headers::ceil_secs(self.retry_after.as_millis() as u64)
+                retry_after_secs: crate::headers::ceil_secs(kind.retry_after.as_millis() as u64)
                     .max(1),
-                on_shed: self.on_shed,
-                shadow: self.shadow,
+                on_shed: kind.on_shed,
+                shadow: common.shadow,
                 log: LogThrottle::default(),
                 metrics: Default::default(),
             }),

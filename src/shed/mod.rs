@@ -73,7 +73,6 @@
 //! | `load_shed_in_flight` | gauge | | requests in flight through the shedder |
 //! | `load_shed_utilisation` | gauge | | the utilisation signal's last reading |
 
-mod body;
 mod future;
 mod layer;
 mod metrics;
@@ -81,9 +80,13 @@ mod priority;
 mod service;
 mod shedder;
 
-pub use body::ResponseBody;
 pub use future::ResponseFuture;
-pub use layer::{LoadShedLayer, LoadShedLayerBuilder, DEFAULT_SHARES};
+pub use layer::{LoadShedLayer, LoadShedLayerBuilder, Settings, DEFAULT_SHARES};
 pub use priority::{ParsePriorityError, Priority};
 pub use service::LoadShed;
 pub use shedder::{default_response, Admission, Overloaded};
+
+/// The load shedder's response body: the inner service's body holding the
+/// request's [`Admission`] (it counts in flight) until it has been sent, or
+/// the shedder's own 503.
+pub type ResponseBody<B> = crate::body::GuardedBody<B, Admission>;

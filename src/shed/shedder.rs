@@ -3,7 +3,7 @@
 
 use super::metrics::Metrics;
 use super::priority::Priority;
-use crate::limiter::LogThrottle;
+use crate::failure::{Log, LogThrottle};
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::request::Parts;
@@ -38,7 +38,7 @@ pub struct Overloaded {
 /// let layer = LoadShedLayer::builder().capacity(100).on_shed(default_response).build();
 /// ```
 pub fn default_response(o: &Overloaded) -> Response<Bytes> {
-    crate::response::unavailable(false, o.retry_after_secs, &o.detail())
+    crate::problem::unavailable(false, o.retry_after_secs, &o.detail())
 }
 
 impl Overloaded {
@@ -126,7 +126,7 @@ impl Shedder {
         let u = f();
         if u.is_nan() {
             // A broken signal must not take the service down: it reads as idle.
-            self.log.event(&self.log.store_error, || {
+            self.log.event(Log::StoreError, || {
                 tracing::error!(shedder = %self.name, "the utilisation signal returned NaN; treated as 0");
             });
             return Some(0.0);
@@ -162,7 +162,7 @@ impl Shedder {
         };
         if self.shadow {
             m.shadow_shed[i].increment(1);
-            self.log.event(&self.log.rejected, || {
+            self.log.event(Log::Rejected, || {
                 tracing::info!(shedder = %self.name, class = class.as_str(), in_flight, "load shedder would shed (shadow mode: admitted)");
             });
             self.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -172,7 +172,7 @@ impl Shedder {
             });
         }
         m.shed[i].increment(1);
-        self.log.event(&self.log.rejected, || {
+        self.log.event(Log::Rejected, || {
             tracing::warn!(shedder = %self.name, class = class.as_str(), in_flight, ?utilisation, "overloaded: shedding requests");
         });
         let o = Overloaded {
@@ -183,7 +183,7 @@ impl Shedder {
         };
         if crate::grpc::is_grpc(parts) {
             // `UNAVAILABLE` with a retry pushback: gRPC clients retry it.
-            return Verdict::Shed(crate::response::unavailable(
+            return Verdict::Shed(crate::problem::unavailable(
                 true,
                 self.retry_after_secs,
                 &o.detail(),

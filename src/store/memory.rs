@@ -1,101 +1,63 @@
-//! The embedded store: sharded maps behind short per-shard locks.
+//! The embedded store: limiter state and concurrency slots in this
+//! process's memory, exact and bounded.
 
+use super::slots::{Acquire, Occupancy, Release, SlotId};
 use super::{Charge, Refund, Store, StoreFuture};
 use crate::algorithm::{self, Next, State};
+use crate::bounded::{self, Bounded};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Quota;
-use hashbrown::HashTable;
 use smallvec::SmallVec;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-/// What the memory store does when a new key arrives and it already tracks
-/// `max_keys` live keys (expired state is always reclaimed first).
-///
-/// This is a security choice: see each variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Overflow {
-    /// Refuse the new key: its request gets a store error, answered per the
-    /// layer's failure policy (503 by default). Existing clients keep exact
-    /// limits; newcomers fail closed until state expires. The default: a flood
-    /// of unique keys can never reset anyone else's window.
-    #[default]
-    RejectNew,
-    /// Evict some live key of the same shard to make room. Newcomers are always
-    /// served, but a flood of unique keys resets the windows of evicted clients,
-    /// letting them exceed their quota.
-    EvictLive,
-}
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// In-process limiter state: exact, lock-sharded, bounded.
 ///
 /// Clones share one state. Limits held here are per process: four instances
 /// that each allow 100/s admit 400/s together; use `RedisStore` for fleet-wide limits.
+///
+/// # At the key cap
+///
+/// The store tracks at most [`max_keys`](MemoryStoreBuilder::max_keys)
+/// clients. Expired state is reclaimed first. When every key is live, room
+/// is made the way Redis's approximated eviction does it: of a few keys
+/// picked at random, the one that has used the least of its quota goes (of
+/// equals, the oldest). A flood of new keys (one request each) therefore
+/// evicts keys like its own, oldest first, never the clients that use their
+/// quota, and a newcomer is always served.
+/// The bound: a key evicted and seen again starts afresh, so it can exceed
+/// its quota by at most what it had used when evicted, which for the key
+/// chosen is the least in its sample, typically one request of a flood key.
+/// Evictions are counted in `ratelimit_memory_evictions_total`.
+///
+/// ```
+/// use tower_ratelimit::store::MemoryStore;
+/// let store = MemoryStore::builder().max_keys(50_000).build();
+/// assert!(store.is_empty());
+/// ```
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    shards: Box<[Padded<Mutex<Shard>>]>,
-    shard_mask: u64,
-    max_keys_per_shard: usize,
+    rates: Bounded<(u64, Key), Entry>,
+    slots: Slots,
     max_keys: usize,
-    overflow: Overflow,
-    hasher: hashbrown::DefaultHashBuilder,
-}
-
-/// One key's state in a shard's table: two cache lines, aligned, hold all a
-/// charge reads and writes.
-#[repr(align(64))]
-struct Bucket {
-    namespace: u64,
-    key: Key,
-    entry: Entry,
-}
-
-impl Bucket {
-    fn is(&self, namespace: u64, key: &Key) -> bool {
-        self.namespace == namespace && self.key.as_bytes() == key.as_bytes()
-    }
-}
-
-/// What is hashed: the namespace and the key's encoded bytes (not the unused
-/// tail of its inline buffer).
-struct HashInput<'a>(u64, &'a [u8]);
-
-impl Hash for HashInput<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0);
-        state.write(self.1);
-    }
-}
-
-/// One shard per cache line pair: threads working on different shards never
-/// contend on a line they do not share (two lines, for adjacent-line prefetch).
-#[repr(align(128))]
-struct Padded<T>(T);
-
-#[derive(Default)]
-struct Shard {
-    map: HashTable<Bucket>,
-    /// No entry expires before this (Unix ms); a sweep before it would free nothing.
-    min_expiry: u64,
-    /// Inserts since the last sweep: sweeps are paid for by inserts, amortised O(1).
-    inserts_since_sweep: usize,
 }
 
 /// One key's state: one slot per quota (algorithm and window), each with the
 /// time after which it carries no information.
-#[derive(Clone, Debug)]
 struct Entry {
     slots: SmallVec<[Slot; 1]>,
+    /// The largest share of a quota the key had used at its last charge:
+    /// what evicting it would hand back.
+    used: f64,
 }
 
-#[derive(Clone, Debug)]
 struct Slot {
     id: u64,
     expires_at: u64,
@@ -107,43 +69,22 @@ impl Entry {
         self.slots.iter().find(|s| s.id == id).map(|s| &s.state)
     }
 
-    fn get_mut(&mut self, id: u64) -> Option<&mut Slot> {
-        self.slots.iter_mut().find(|s| s.id == id)
-    }
-
-    fn position(&self, id: u64) -> Option<usize> {
-        self.slots.iter().position(|s| s.id == id)
-    }
-
     fn expires_at(&self) -> u64 {
         self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
     }
+}
 
-    /// Writes an admitted charge of `cost` to quota `q`'s slot.
-    fn commit(&mut self, q: &Quota, next: Next, now: u64, cost: u64) {
-        let at = self.position(slot_of(q));
-        self.commit_at(at, q, next, now, cost);
+impl bounded::Entry for Entry {
+    type Now = u64;
+
+    fn expired(&self, now: u64) -> bool {
+        self.expires_at() <= now
     }
 
-    /// As [`Entry::commit`], with the slot's index already known (`None`: a new slot).
-    #[inline]
-    fn commit_at(&mut self, at: Option<usize>, q: &Quota, next: Next, now: u64, cost: u64) {
-        match at.and_then(|i| self.slots.get_mut(i)) {
-            Some(slot) => {
-                next.apply(Some(&mut slot.state), now, cost);
-                slot.expires_at = algorithm::expires_at(q, &slot.state);
-            }
-            None => {
-                if let Some(state) = next.apply(None, now, cost) {
-                    let expires_at = algorithm::expires_at(q, &state);
-                    self.slots.push(Slot {
-                        id: slot_of(q),
-                        expires_at,
-                        state,
-                    });
-                }
-            }
-        }
+    /// The least used goes first; of equally used keys, the one whose
+    /// state expires soonest (the oldest).
+    fn worth(&self, _now: u64) -> (f64, u64) {
+        (self.used, self.expires_at())
     }
 }
 
@@ -158,14 +99,12 @@ fn slot_of(q: &Quota) -> u64 {
 pub struct MemoryStoreBuilder {
     max_keys: usize,
     shards: usize,
-    overflow: Overflow,
 }
 
 impl MemoryStoreBuilder {
-    /// The most keys tracked at once (default 100,000, about 15 MB). Expired
-    /// state does not count: it is reclaimed as new keys arrive. The cap is
-    /// split evenly over the lock shards, so the store may reach [`Overflow`]
-    /// somewhat before it holds exactly `max_keys`; it never holds more.
+    /// The most keys tracked at once (default 100,000, a few tens of MB).
+    /// Expired state does not count: it is reclaimed first. See
+    /// [`MemoryStore`] for what happens at the cap.
     ///
     /// ```
     /// use tower_ratelimit::store::MemoryStore;
@@ -176,18 +115,7 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// What happens at the cap (default [`Overflow::RejectNew`]).
-    ///
-    /// ```
-    /// use tower_ratelimit::store::{MemoryStore, Overflow};
-    /// let store = MemoryStore::builder().overflow(Overflow::EvictLive).build();
-    /// ```
-    pub fn overflow(mut self, overflow: Overflow) -> Self {
-        self.overflow = overflow;
-        self
-    }
-
-    /// Number of lock shards, rounded up to a power of two (default 64).
+    /// Number of lock shards (default 64).
     ///
     /// ```
     /// use tower_ratelimit::store::MemoryStore;
@@ -200,32 +128,14 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let n = self.shards.next_power_of_two();
-        // Fewer keys than shards: fewer shards, so the cap stays exact.
-        let n = n.min(self.max_keys.next_power_of_two()).max(1);
-        let n = prev_pow2_dividing(self.max_keys, n);
-        let shards = (0..n)
-            .map(|_| Padded(Mutex::new(Shard::default())))
-            .collect();
         MemoryStore {
             inner: Arc::new(Inner {
-                shards,
-                shard_mask: (n - 1) as u64,
-                max_keys_per_shard: self.max_keys / n,
+                rates: Bounded::new(self.max_keys, self.shards),
+                slots: Slots::new(self.shards),
                 max_keys: self.max_keys,
-                overflow: self.overflow,
-                hasher: hashbrown::DefaultHashBuilder::default(),
             }),
         }
     }
-}
-
-/// The largest power of two `<= n` that divides `max_keys`, so shards × per-shard cap == max_keys.
-fn prev_pow2_dividing(max_keys: usize, mut n: usize) -> usize {
-    while n > 1 && !max_keys.is_multiple_of(n) {
-        n /= 2;
-    }
-    n
 }
 
 impl Default for MemoryStore {
@@ -245,13 +155,12 @@ impl MemoryStore {
         MemoryStoreBuilder {
             max_keys: 100_000,
             shards: 64,
-            overflow: Overflow::RejectNew,
         }
     }
 
     /// Keys currently held (including expired ones not yet reclaimed).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(&s.0).map.len()).sum()
+        self.inner.rates.len()
     }
 
     /// Whether no key is held.
@@ -259,201 +168,198 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// The hash of `key` in `namespace` and the shard it lives in.
-    fn locate(&self, namespace: u64, key: &Key) -> (&Mutex<Shard>, u64) {
-        let hash = self
-            .inner
-            .hasher
-            .hash_one(HashInput(namespace, key.as_bytes()));
-        // High bits pick the shard; hashbrown uses the low bits within it.
-        let idx = (hash >> 40) & self.inner.shard_mask;
-        (&self.inner.shards[idx as usize].0, hash)
+    /// Slots held for `key` in the limiter `namespace` (for tests and health checks).
+    ///
+    /// ```
+    /// use tower_ratelimit::{key::Key, store::{MemoryStore, Namespace}};
+    /// assert_eq!(MemoryStore::new().in_flight(&Namespace::new("api"), &Key::global()), 0);
+    /// ```
+    pub fn in_flight(&self, namespace: &super::Namespace, key: &Key) -> u64 {
+        self.inner.slots.held(&(namespace.id(), *key))
     }
 
-    /// Charges `call`, writing every quota's status into `decision` (empty, from
-    /// [`Decision::building`]).
-    fn charge_now(&self, call: &Charge<'_>, decision: &mut Decision) -> Result<(), StoreError> {
-        let ns = call.namespace.id();
-        let (shard, hash) = self.locate(ns, call.key);
-        let mut shard = lock(shard);
-        let now = call.now_ms;
-        let quotas = call.policy.quotas();
-
-        // What each quota writes if all admit, and where its slot is.
-        let mut next: SmallVec<[(Option<usize>, Next); 2]> = SmallVec::new();
-        // One lookup serves the decision and the commit (an existing key is
-        // hashed and probed once per charge, not twice).
-        let mut entry = shard
-            .map
-            .find_mut(hash, |b| b.is(ns, call.key))
-            .map(|b| &mut b.entry);
-        for q in quotas {
-            let (at, state) = match entry.as_deref_mut() {
-                Some(e) => match e.position(slot_of(q)) {
-                    Some(i) => (Some(i), Some(&mut e.slots[i].state)),
-                    None => (None, None),
-                },
-                None => (None, None),
+    fn charge_now(&self, call: &Charge<'_>) -> Decision {
+        let (now, cost, quotas) = (call.now_ms, call.cost, call.policy.quotas());
+        let key = (call.namespace.id(), *call.key);
+        let (decision, made) = self.inner.rates.update(key, now, |entry| {
+            let mut entry = entry;
+            let mut statuses = SmallVec::<[_; 2]>::new();
+            let mut next = SmallVec::<[(usize, Next); 2]>::new();
+            for (i, q) in quotas.iter().enumerate() {
+                let state = entry.as_deref_mut().and_then(|e| {
+                    e.slots
+                        .iter_mut()
+                        .find(|s| s.id == slot_of(q))
+                        .map(|s| &mut s.state)
+                });
+                let (status, n) = algorithm::charge(q, state, now, cost);
+                statuses.push(status);
+                next.push((i, n));
+            }
+            let decision = Decision::from_statuses(statuses, cost);
+            if !decision.is_allowed() {
+                return (decision, None);
+            }
+            let used = decision
+                .statuses()
+                .iter()
+                .map(|s| s.used() as f64 / s.limit.max(1) as f64)
+                .fold(0.0, f64::max);
+            let mut fresh = Entry {
+                slots: SmallVec::new(),
+                used,
             };
-            let (status, n) = algorithm::charge(q, state, now, call.cost);
-            decision.push(status);
-            next.push((at, n));
-        }
-        decision.settle(call.cost);
-        if !decision.is_allowed() {
-            return Ok(());
-        }
-        if let Some(entry) = entry {
-            if entry.slots.iter().any(|s| s.expires_at <= now) {
-                // Expired slots go first; the indices found above move.
-                entry.slots.retain(|s| s.expires_at > now);
-                for (q, (_, n)) in quotas.iter().zip(next.drain(..)) {
-                    entry.commit(q, n, now, call.cost);
+            let e = match entry {
+                Some(e) => {
+                    e.slots.retain(|s| s.expires_at > now);
+                    e.used = used;
+                    e
                 }
-            } else {
-                for (q, (at, n)) in quotas.iter().zip(next.drain(..)) {
-                    entry.commit_at(at, q, n, now, call.cost);
-                }
+                None => &mut fresh,
+            };
+            for (i, n) in next {
+                commit(e, &quotas[i], n, now, cost);
             }
-            return Ok(());
+            let new = (!fresh.slots.is_empty()).then_some(fresh);
+            (decision, new)
+        });
+        if made.evicted > 0 {
+            metrics::counter!("ratelimit_memory_evictions_total").increment(made.evicted as u64);
         }
-        let mut entry = Entry {
-            slots: SmallVec::new(),
-        };
-        for (q, (_, n)) in quotas.iter().zip(next.drain(..)) {
-            entry.commit_at(None, q, n, now, call.cost);
-        }
-        let bucket = Bucket {
-            namespace: ns,
-            key: *call.key,
-            entry,
-        };
-        self.insert(&mut shard, hash, bucket, now)
-    }
-
-    /// The hash of a stored key (when the table grows or a key is evicted).
-    fn rehash(&self, b: &Bucket) -> u64 {
-        self.inner
-            .hasher
-            .hash_one(HashInput(b.namespace, b.key.as_bytes()))
-    }
-
-    /// Inserts a new key, reclaiming expired state and applying the cap.
-    fn insert(
-        &self,
-        shard: &mut Shard,
-        hash: u64,
-        bucket: Bucket,
-        now: u64,
-    ) -> Result<(), StoreError> {
-        let cap = self.inner.max_keys_per_shard;
-        let full = shard.map.len() >= cap;
-        if now >= shard.min_expiry && (full || shard.inserts_since_sweep >= shard.map.len() / 4) {
-            sweep(shard, now);
-        }
-        if shard.map.len() >= cap {
-            match self.inner.overflow {
-                Overflow::RejectNew => {
-                    return Err(StoreError::Full {
-                        max_keys: self.inner.max_keys,
-                        retry_at_ms: shard.min_expiry,
-                    })
-                }
-                Overflow::EvictLive => {
-                    // The first entry in table order; the rest stay (an
-                    // `ExtractIf` dropped early keeps what it did not yield).
-                    shard.map.extract_if(|_| true).next();
-                }
-            }
-        }
-        let expiry = bucket.entry.expires_at();
-        if shard.map.is_empty() || expiry < shard.min_expiry {
-            shard.min_expiry = expiry;
-        }
-        shard.map.insert_unique(hash, bucket, |b| self.rehash(b));
-        shard.inserts_since_sweep += 1;
-        Ok(())
+        decision
     }
 
     fn refund_now(&self, call: &Refund<'_>) {
         let c = &call.charge;
-        let ns = c.namespace.id();
-        let (shard, hash) = self.locate(ns, c.key);
-        let mut shard = lock(shard);
-        let Some(entry) = shard
-            .map
-            .find_mut(hash, |b| b.is(ns, c.key))
-            .map(|b| &mut b.entry)
-        else {
-            return;
-        };
-        let mut refunded = false;
-        for (q, status) in c.policy.quotas().iter().zip(call.decision.statuses()) {
-            let Some(slot) = entry.get_mut(slot_of(q)) else {
-                continue;
-            };
-            if algorithm::refund(q, Some(&mut slot.state), status.window_id, c.now_ms, c.cost) {
-                // A refund can bring a bucket's "full again" time forward.
-                slot.expires_at = algorithm::expires_at(q, &slot.state);
-                refunded = true;
+        let key = (c.namespace.id(), *c.key);
+        self.inner.rates.update(key, c.now_ms, |entry| {
+            if let Some(entry) = entry {
+                for (q, status) in c.policy.quotas().iter().zip(call.decision.statuses()) {
+                    let Some(slot) = entry.slots.iter_mut().find(|s| s.id == slot_of(q)) else {
+                        continue;
+                    };
+                    if algorithm::refund(
+                        q,
+                        Some(&mut slot.state),
+                        status.window_id,
+                        c.now_ms,
+                        c.cost,
+                    ) {
+                        // A refund can bring a bucket's "full again" time forward.
+                        slot.expires_at = algorithm::expires_at(q, &slot.state);
+                    }
+                }
             }
-        }
-        if refunded {
-            let expiry = entry.expires_at();
-            shard.min_expiry = shard.min_expiry.min(expiry);
-        }
+            ((), None)
+        });
     }
 
     fn status_now(&self, call: &Charge<'_>) -> Decision {
-        let ns = call.namespace.id();
-        let (shard, hash) = self.locate(ns, call.key);
-        let shard = lock(shard);
-        let entry = shard
-            .map
-            .find(hash, |b| b.is(ns, call.key))
-            .map(|b| &b.entry);
-        Decision::from_statuses(
-            call.policy
-                .quotas()
-                .iter()
-                .map(|q| algorithm::peek(q, entry.and_then(|e| e.get(slot_of(q))), call.now_ms)),
-            0,
-        )
+        let key = (call.namespace.id(), *call.key);
+        let peek = |entry: Option<&Entry>| {
+            Decision::from_statuses(
+                call.policy.quotas().iter().map(|q| {
+                    algorithm::peek(q, entry.and_then(|e| e.get(slot_of(q))), call.now_ms)
+                }),
+                0,
+            )
+        };
+        self.inner
+            .rates
+            .read(&key, call.now_ms, |e| peek(Some(e)))
+            .unwrap_or_else(|| peek(None))
     }
 }
 
-fn sweep(shard: &mut Shard, now: u64) {
-    shard.map.retain(|b| b.entry.expires_at() > now);
-    shard.min_expiry = shard
-        .map
-        .iter()
-        .map(|b| b.entry.expires_at())
-        .min()
-        .unwrap_or(u64::MAX);
-    shard.inserts_since_sweep = 0;
+/// Writes an admitted charge of `cost` to quota `q`'s slot of `e`.
+fn commit(e: &mut Entry, q: &Quota, next: Next, now: u64, cost: u64) {
+    match e.slots.iter_mut().find(|s| s.id == slot_of(q)) {
+        Some(slot) => {
+            next.apply(Some(&mut slot.state), now, cost);
+            slot.expires_at = algorithm::expires_at(q, &slot.state);
+        }
+        None => {
+            if let Some(state) = next.apply(None, now, cost) {
+                e.slots.push(Slot {
+                    id: slot_of(q),
+                    expires_at: algorithm::expires_at(q, &state),
+                    state,
+                });
+            }
+        }
+    }
 }
 
-fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // Nothing in a critical section panics on client input; if something else
-    // did, the counts are still consistent, so keep limiting.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+/// Slot ids held per (namespace, key).
+type SlotMap = HashMap<(u64, Key), HashSet<SlotId>>;
+
+/// In-flight slots: per key, the ids of the requests holding one. Bounded by
+/// the requests in flight: a key's entry goes with its last slot. Leases do
+/// not apply: a crashed process takes its slots with it.
+struct Slots {
+    shards: Box<[Mutex<SlotMap>]>,
+    hasher: std::hash::RandomState,
+}
+
+impl Slots {
+    fn new(shards: usize) -> Self {
+        Self {
+            shards: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+
+    fn shard(&self, k: &(u64, Key)) -> std::sync::MutexGuard<'_, SlotMap> {
+        use std::hash::BuildHasher;
+        let i = self.hasher.hash_one(k) as usize % self.shards.len();
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn held(&self, k: &(u64, Key)) -> u64 {
+        self.shard(k).get(k).map_or(0, |ids| ids.len() as u64)
+    }
+
+    fn acquire(&self, call: &Acquire<'_>) -> Occupancy {
+        let k = (call.namespace.id(), *call.key);
+        let mut map = self.shard(&k);
+        let held = map.get(&k).map_or(0, HashSet::len) as u64;
+        if held >= call.limit {
+            return Occupancy {
+                acquired: false,
+                in_flight: held,
+            };
+        }
+        map.entry(k).or_default().insert(call.id);
+        Occupancy {
+            acquired: true,
+            in_flight: held + 1,
+        }
+    }
+
+    fn release(&self, call: &Release<'_>) {
+        let k = (call.namespace.id(), *call.key);
+        let mut map = self.shard(&k);
+        if let Some(ids) = map.get_mut(&k) {
+            ids.remove(&call.id);
+            if ids.is_empty() {
+                map.remove(&k);
+            }
+        }
+    }
+
+    fn keys(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
 }
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        // Built in place: the decision (128 bytes) is written where the caller
-        // reads it, not copied out through each return.
-        let mut out = StoreFuture::ready(Ok(Decision::building()));
-        if let Some(result) = out.ready_mut() {
-            let failed = match result {
-                Ok(decision) => self.charge_now(call, decision).err(),
-                Err(_) => None,
-            };
-            if let Some(err) = failed {
-                *result = Err(err);
-            }
-        }
-        out
+        StoreFuture::ready(Ok(self.charge_now(call)))
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
@@ -465,6 +371,21 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(self.status_now(call)))
     }
 
+    fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
+        StoreFuture::ready(Ok(self.inner.slots.acquire(call)))
+    }
+
+    /// Idempotent. An acquire here completes within its call, so a release can
+    /// never overtake it.
+    fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
+        self.inner.slots.release(call);
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn keeps_slots(&self) -> bool {
+        true
+    }
+
     fn is_local(&self) -> bool {
         true
     }
@@ -473,9 +394,97 @@ impl Store for MemoryStore {
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("shards", &self.inner.shards.len())
             .field("max_keys", &self.inner.max_keys)
-            .field("overflow", &self.inner.overflow)
+            .field("keys", &self.len())
+            .field("slot_keys", &self.inner.slots.keys())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Namespace;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    fn acquire<'a>(ns: &'a Namespace, key: &'a Key, id: SlotId, limit: u64) -> Acquire<'a> {
+        Acquire {
+            namespace: ns,
+            key,
+            id,
+            limit,
+            now_ms: 0,
+            lease: Duration::from_secs(30),
+            timeout: Duration::from_millis(50),
+        }
+    }
+
+    fn release<'a>(ns: &'a Namespace, key: &'a Key, id: SlotId) -> Release<'a> {
+        Release {
+            namespace: ns,
+            key,
+            id,
+            now_ms: 0,
+            lease: Duration::from_secs(30),
+            timeout: Duration::from_millis(50),
+        }
+    }
+
+    #[test]
+    fn at_most_limit_slots_per_key_releases_are_idempotent_and_empty_keys_are_removed() {
+        let (s, ns, k) = (Slots::new(4), Namespace::new("t"), Key::new("a"));
+        let ids: Vec<_> = (0..3).map(|_| SlotId::next()).collect();
+        assert!(s.acquire(&acquire(&ns, &k, ids[0], 2)).acquired);
+        assert_eq!(
+            s.acquire(&acquire(&ns, &k, ids[1], 2)),
+            Occupancy {
+                acquired: true,
+                in_flight: 2
+            }
+        );
+        assert_eq!(
+            s.acquire(&acquire(&ns, &k, ids[2], 2)),
+            Occupancy {
+                acquired: false,
+                in_flight: 2
+            }
+        );
+        // Another namespace has its own slots.
+        let other = Namespace::new("u");
+        assert!(s.acquire(&acquire(&other, &k, ids[2], 2)).acquired);
+        s.release(&release(&other, &k, ids[2]));
+        s.release(&release(&ns, &k, ids[0]));
+        s.release(&release(&ns, &k, ids[0]));
+        assert_eq!(
+            s.held(&(ns.id(), k)),
+            1,
+            "a second release of one id frees nothing"
+        );
+        s.release(&release(&ns, &k, ids[1]));
+        assert_eq!(s.keys(), 0, "no entry outlives its last slot");
+    }
+
+    #[test]
+    fn slots_are_exact_under_contention_and_nothing_leaks() {
+        let (s, ns, k) = (Slots::new(4), Namespace::new("t"), Key::new("a"));
+        let peak = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..2_000 {
+                        let id = SlotId::next();
+                        let o = s.acquire(&acquire(&ns, &k, id, 3));
+                        assert!(o.in_flight <= 3);
+                        if o.acquired {
+                            peak.fetch_max(s.held(&(ns.id(), k)), Ordering::Relaxed);
+                            s.release(&release(&ns, &k, id));
+                        }
+                    }
+                });
+            }
+        });
+        assert!(peak.load(Ordering::Relaxed) <= 3);
+        assert_eq!(s.keys(), 0);
     }
 }

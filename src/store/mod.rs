@@ -1,7 +1,9 @@
 //! Where limiter state lives: the [`Store`] seam, with [`MemoryStore`] (embedded,
 //! per process), with the `redis` feature `RedisStore` (shared by the fleet; a
-//! Redis Cluster with the `cluster` feature), and [`ShardedStore`] (keys spread
-//! over several stores, e.g. Redis primaries).
+//! Redis Cluster with the `cluster` feature, a Sentinel-managed primary with
+//! `sentinel`), and [`ShardedStore`] (keys spread over several stores, e.g.
+//! Redis primaries). One store serves every limiter: rate limits (charges,
+//! refunds, status reads) and concurrency limits (in-flight slots).
 //!
 //! ```
 //! use tower_ratelimit::store::MemoryStore;
@@ -14,17 +16,18 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 mod sharded;
+mod slots;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{EvictionCheck, RedisStore, RedisStoreBuilder, TimeSource};
-pub use memory::{MemoryStore, MemoryStoreBuilder, Overflow};
+pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use sharded::{ShardedStore, ShardedStoreBuilder};
+pub use slots::{Acquire, Occupancy, Release, SlotId};
 
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Policy;
-use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -76,7 +79,10 @@ pub struct Charge<'a> {
     pub cost: u64,
     /// The application's time, Unix ms.
     pub now_ms: u64,
-    /// The latency budget for the whole call (pool wait, connect, script).
+    /// How long the store may take to answer. Network stores measure it
+    /// from when the call is sent, not counting time the call spends
+    /// queued behind the application's own work; the layer bounds the whole
+    /// wait too (see [`Store`]).
     pub timeout: Duration,
 }
 
@@ -89,66 +95,41 @@ pub struct Refund<'a> {
     pub decision: &'a Decision,
 }
 
-pin_project! {
-    /// A store future: ready at once for the memory store (no allocation),
-    /// boxed for network stores ([`StoreFuture::pending`]).
-    pub struct StoreFuture<T> {
-        #[pin]
-        pub(crate) inner: Inner<T>,
-    }
+/// A store's answer: ready at once (the memory store: no allocation) or
+/// still to come (network stores, boxed). Polled again after it completed,
+/// it stays pending, as a fused future does; the layer's store timeout then
+/// makes that a store failure.
+#[must_use = "futures do nothing unless polled"]
+pub struct StoreFuture<T> {
+    inner: Inner<T>,
 }
 
-pin_project! {
-    /// What a [`StoreFuture`] holds.
-    #[project = InnerProj]
-    pub(crate) enum Inner<T> {
-        /// Already computed (`None` once taken).
-        Ready { value: Option<T> },
-        /// Still running.
-        Waiting { #[pin] wait: Wait<T> },
-    }
-}
-
-pin_project! {
-    /// A store call still running: what a request keeps while it waits
-    /// (without room for a ready value, so the request's future stays small).
-    #[project = WaitProj]
-    pub(crate) enum Wait<T> {
-        /// A boxed future (network stores).
-        Boxed { fut: Pin<Box<dyn Future<Output = T> + Send + 'static>> },
-    }
+enum Inner<T> {
+    Ready(Option<T>),
+    Pending(Pin<Box<dyn Future<Output = T> + Send + 'static>>),
 }
 
 impl<T> StoreFuture<T> {
     /// A future that is already complete.
     pub fn ready(value: T) -> Self {
         StoreFuture {
-            inner: Inner::Ready { value: Some(value) },
+            inner: Inner::Ready(Some(value)),
         }
     }
 
-    /// Boxes a pending future.
+    /// A future still to run.
     pub fn pending(fut: impl Future<Output = T> + Send + 'static) -> Self {
         StoreFuture {
-            inner: Inner::Waiting {
-                wait: Wait::Boxed { fut: Box::pin(fut) },
-            },
+            inner: Inner::Pending(Box::pin(fut)),
         }
     }
 
-    /// The value, if the future completed without awaiting.
+    /// The value, if the future completed without awaiting (taken: a
+    /// second call returns `None`).
     pub fn now_or_never(&mut self) -> Option<T> {
         match &mut self.inner {
-            Inner::Ready { value } => value.take(),
-            Inner::Waiting { .. } => None,
-        }
-    }
-
-    /// The value it was made ready with, to be written in place.
-    pub(crate) fn ready_mut(&mut self) -> Option<&mut T> {
-        match &mut self.inner {
-            Inner::Ready { value } => value.as_mut(),
-            Inner::Waiting { .. } => None,
+            Inner::Ready(value) => value.take(),
+            Inner::Pending(_) => None,
         }
     }
 }
@@ -156,40 +137,39 @@ impl<T> StoreFuture<T> {
 impl<T> Future for StoreFuture<T> {
     type Output = T;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match self.project().inner.project() {
-            InnerProj::Ready { value } => {
-                Poll::Ready(value.take().expect("StoreFuture polled after completion"))
-            }
-            InnerProj::Waiting { wait } => wait.poll(cx),
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match &mut self.inner {
+            // Spent: pending for ever, as a fused future is. The layer's
+            // store timeout turns that into a store failure.
+            Inner::Ready(value) => value.take().map_or(Poll::Pending, Poll::Ready),
+            Inner::Pending(fut) => fut.as_mut().poll(cx),
         }
     }
 }
 
-impl<T> Future for Wait<T> {
-    type Output = T;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match self.project() {
-            WaitProj::Boxed { fut } => fut.as_mut().poll(cx),
-        }
-    }
-}
+// The value is moved out, never pinned in place; the future is boxed.
+impl<T> Unpin for StoreFuture<T> {}
 
 impl<T> fmt::Debug for StoreFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match &self.inner {
-            Inner::Ready { .. } => "StoreFuture::Ready",
-            Inner::Waiting { .. } => "StoreFuture::Pending",
+            Inner::Ready(_) => "StoreFuture::Ready",
+            Inner::Pending(_) => "StoreFuture::Pending",
         })
     }
 }
 
 /// Where limiter state lives. One call per decision; each call is atomic.
 ///
-/// Implementations must treat any state whose stored reset has passed as absent,
-/// charge nothing on a rejection, and answer within `timeout` or with
-/// [`StoreError::Timeout`].
+/// Implementations must treat any state whose stored reset has passed as
+/// absent, charge nothing on a rejection, and answer within the call's
+/// `timeout` or with [`StoreError::Timeout`]. The layers also bound every
+/// call themselves, so a store that never answers cannot hang a request.
+///
+/// A store that keeps concurrency slots ([`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer))
+/// implements [`acquire`](Store::acquire) and [`release`](Store::release)
+/// and says so with [`keeps_slots`](Store::keeps_slots); the built-in
+/// stores all do.
 pub trait Store: Send + Sync + 'static {
     /// Charges `call.cost` against every quota of the policy if all admit it, and
     /// returns every quota's state from that same atomic step.
@@ -201,6 +181,30 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the state without charging (e.g. for a `GET /rate_limit` endpoint).
     /// The decision is marked allowed; statuses report what is left.
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>>;
+
+    /// Takes a slot for `call.key` if fewer than `call.limit` are held
+    /// (slots whose lease has passed do not count). The default keeps none.
+    fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
+        let _ = call;
+        StoreFuture::ready(Err(no_slots()))
+    }
+
+    /// Gives `call.id`'s slot back (idempotent). A release may reach the
+    /// store before its own acquire (the acquire timed out, or its request
+    /// was dropped, and the two took different connections): that late
+    /// acquire must then fail. The default keeps none.
+    fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
+        let _ = call;
+        StoreFuture::ready(Err(no_slots()))
+    }
+
+    /// Whether the store keeps concurrency slots (implements
+    /// [`acquire`](Store::acquire) and [`release`](Store::release)).
+    /// Defaults to `false`; a concurrency layer refuses such a store when it
+    /// is built.
+    fn keeps_slots(&self) -> bool {
+        false
+    }
 
     /// Whether the store answers in-process at no network cost (then the layer's
     /// local deny cache is not consulted). Defaults to `false`.
@@ -222,6 +226,20 @@ pub trait Store: Send + Sync + 'static {
     fn failure_domains(&self) -> usize {
         1
     }
+
+    /// Opens the store's connections ahead of the first request, so that no
+    /// request waits for a connection (or a TLS handshake) to be made. The
+    /// layers never call it: the application may, before it starts serving
+    /// (see [`RateLimitLayer::connect`](crate::RateLimitLayer::connect)). A
+    /// store stays usable when it fails: connections are made again on use.
+    /// The default has nothing to open.
+    fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
+        StoreFuture::ready(Ok(()))
+    }
+}
+
+fn no_slots() -> StoreError {
+    StoreError::Unavailable("this store keeps no concurrency slots".into())
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -234,6 +252,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         (**self).status(call)
     }
+    fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
+        (**self).acquire(call)
+    }
+    fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
+        (**self).release(call)
+    }
+    fn keeps_slots(&self) -> bool {
+        (**self).keeps_slots()
+    }
     fn is_local(&self) -> bool {
         (**self).is_local()
     }
@@ -242,6 +269,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn failure_domains(&self) -> usize {
         (**self).failure_domains()
+    }
+    fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
+        (**self).connect()
     }
 }
 

@@ -51,7 +51,7 @@
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::store::{Charge, Namespace, Refund, Store, StoreFuture};
+use crate::store::{Acquire, Charge, Namespace, Occupancy, Refund, Release, Store, StoreFuture};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
@@ -248,25 +248,38 @@ impl ShardedStore {
         best
     }
 
-    fn shard(&self, call: &Charge<'_>) -> &dyn Store {
-        &*self.inner.shards[self.index(call.namespace, call.key)].store
+    fn shard(&self, namespace: &Namespace, key: &Key) -> &dyn Store {
+        &*self.inner.shards[self.index(namespace, key)].store
     }
 }
 
 impl Store for ShardedStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        self.shard(call).charge(call)
+        self.shard(call.namespace, call.key).charge(call)
     }
 
     /// Refunds on the shard the key maps to now: after a shard was added the
     /// key may have moved, and the refund then finds no matching window there
     /// and changes nothing (a refund never raises a newer window).
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
-        self.shard(&call.charge).refund(call)
+        self.shard(call.charge.namespace, call.charge.key)
+            .refund(call)
     }
 
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        self.shard(call).status(call)
+        self.shard(call.namespace, call.key).status(call)
+    }
+
+    fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
+        self.shard(call.namespace, call.key).acquire(call)
+    }
+
+    fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
+        self.shard(call.namespace, call.key).release(call)
+    }
+
+    fn keeps_slots(&self) -> bool {
+        self.inner.shards.iter().all(|s| s.store.keeps_slots())
     }
 
     fn is_local(&self) -> bool {
@@ -282,6 +295,24 @@ impl Store for ShardedStore {
 
     fn failure_domains(&self) -> usize {
         self.inner.domains
+    }
+
+    /// Connects every shard; the first failure is returned once all have tried.
+    fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
+        let shards: Vec<_> = self
+            .inner
+            .shards
+            .iter()
+            .map(|s| s.store.connect())
+            .collect();
+        StoreFuture::pending(async move {
+            let mut first = Ok(());
+            for shard in shards {
+                let result = shard.await;
+                first = first.and(result);
+            }
+            first
+        })
     }
 }
 

@@ -237,7 +237,11 @@ mod tests {
     fn packed(nums: &[i64], messages: &[&str]) -> Vec<Value> {
         let bytes = nums.iter().flat_map(|n| n.to_le_bytes()).collect();
         std::iter::once(Value::BulkString(bytes))
-            .chain(messages.iter().map(|m| Value::BulkString(m.as_bytes().to_vec())))
+            .chain(
+                messages
+                    .iter()
+                    .map(|m| Value::BulkString(m.as_bytes().to_vec())),
+            )
             .collect()
     }
 
@@ -249,7 +253,7 @@ mod tests {
         // window's count and reset as read), or -1 (its message follows).
         let message = "WRONGTYPE not a hash";
         let nums = [
-            4, 1, 1000, 0, 0, //
+            4, 1, 1000, 0, 0,  //
             -1, //
             4, 1, 1000, 2, 61000, //
             4, 0, 1000, 5, 61000,

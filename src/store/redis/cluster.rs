@@ -120,6 +120,11 @@ impl ClusterLane {
             .cloned()
     }
 
+    /// Opens the shared connection (within the connect timeout).
+    pub(crate) async fn connect(&self) -> Result<(), StoreError> {
+        self.connection().await.map(drop)
+    }
+
     /// Runs `call` within `budget`, re-sending it only after answers that
     /// prove nothing ran.
     pub(crate) async fn run<T: FromRedisValue>(

@@ -1,10 +1,10 @@
-//! Fleet-wide concurrency slots: [`SlotStore`] for [`RedisStore`], one
-//! `EVALSHA` per acquire and per release (`lua/concurrency_*.lua`).
+//! Fleet-wide concurrency slots on [`RedisStore`]: one `EVALSHA` per
+//! acquire and per release (`lua/concurrency_*.lua`).
 
 use super::{invoke, keys, reply, scripts, RedisStore};
-use crate::concurrency::{Acquire, Occupancy, Release, SlotStore};
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::store::{Acquire, Occupancy, Release};
 use crate::store::{Namespace, StoreFuture};
 use deadpool_redis::redis;
 
@@ -75,8 +75,12 @@ fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError>
     }
 }
 
-impl SlotStore for RedisStore {
-    fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
+impl RedisStore {
+    /// [`Store::acquire`](crate::store::Store::acquire).
+    pub(super) fn acquire_slot(
+        &self,
+        call: &Acquire<'_>,
+    ) -> StoreFuture<Result<Occupancy, StoreError>> {
         let sent_now = self.sent_now(call.now_ms);
         let script = &*scripts::CONCURRENCY_ACQUIRE;
         let mut cmd = self.slot_cmd(script, call.namespace, call.key, sent_now, call.lease);
@@ -89,7 +93,8 @@ impl SlotStore for RedisStore {
         })
     }
 
-    fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
+    /// [`Store::release`](crate::store::Store::release).
+    pub(super) fn release_slot(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
         let script = &*scripts::CONCURRENCY_RELEASE;
         let now = self.sent_now(call.now_ms);
         let mut cmd = self.slot_cmd(script, call.namespace, call.key, now, call.lease);

@@ -193,6 +193,16 @@ impl Lanes {
         })
     }
 
+    /// Opens every lane's connection (one attempt each, within the connect
+    /// timeout); the first failure is returned once all have tried.
+    pub(crate) async fn connect(&self) -> Result<(), StoreError> {
+        let mut result = Ok(());
+        for i in 0..self.lanes.len() {
+            result = result.and(self.connection(i).await.map(drop));
+        }
+        result
+    }
+
     /// Lane `i`'s connection by `deadline` (`budget` after the call began).
     async fn open(
         &self,

@@ -56,7 +56,7 @@ use self::node::{Node, Settings, Tls};
 use self::url::Redacted;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::store::{Charge, Refund, Store, StoreFuture};
+use crate::store::{Acquire, Charge, Occupancy, Refund, Release, Store, StoreFuture};
 use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{self, ConnectionAddr, ConnectionInfo, FromRedisValue};
 use std::fmt;
@@ -1034,6 +1034,36 @@ impl Store for RedisStore {
                 }
             };
             reply::decode(&policy, None, sent_now, &r)
+        })
+    }
+
+    fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
+        self.acquire_slot(call)
+    }
+
+    fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
+        self.release_slot(call)
+    }
+
+    fn keeps_slots(&self) -> bool {
+        true
+    }
+
+    /// Opens every connection to the primary (or the cluster) and to each
+    /// replica, each within the connect timeout. The first failure is
+    /// returned once all have tried.
+    fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            let mut result = match &inner.primary {
+                Primary::Lanes(lanes) => lanes.connect().await,
+                #[cfg(feature = "cluster")]
+                Primary::Cluster(cluster) => cluster.connect().await,
+            };
+            for replica in &inner.replicas {
+                result = result.and(replica.connect().await);
+            }
+            result
         })
     }
 }

@@ -7,8 +7,8 @@ use super::url::Redacted;
 use crate::error::{ConfigError, StoreError};
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::{
-    self, io::tcp::TcpSettings, AsyncConnectionConfig, Client, Cmd, ConnectionAddr,
-    ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value,
+    self, io::tcp::TcpSettings, AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo,
+    IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

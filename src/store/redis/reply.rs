@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 pub(super) fn quota_args(cmd: &mut Cmd, q: &Quota) {
     let (a, b, c) = match q.algorithm() {
         Algorithm::TokenBucket | Algorithm::Gcra => {
-            let r = algorithm::rate_of(q);
+            let r = q.rate();
             (r.unit, r.per_ms, r.capacity)
         }
         _ => (q.limit(), q.window_ms(), 0),
@@ -170,19 +170,17 @@ pub(super) fn decode(
             "reply for time {now} does not belong to a call sent at {sent_now:?}"
         )));
     }
-    // Built in place, as the memory store builds it: the statuses are not
-    // gathered first and copied in.
-    let mut decision = Decision::building();
+    let mut statuses = SmallVec::<[_; 2]>::new();
     let mut i = 2;
     for q in policy.quotas() {
         let (read, len) = read_block(q, &r[i..]).ok_or_else(bad)?;
-        decision.push(replay(q, read, now, cost));
+        statuses.push(replay(q, read, now, cost));
         i += len;
     }
     if i != r.len() {
         return Err(bad());
     }
-    decision.settle(cost.unwrap_or(0));
+    let decision = Decision::from_statuses(statuses, cost.unwrap_or(0));
     if cost.is_some() && decision.is_allowed() != (r[0] == 1) {
         return Err(StoreError::Protocol(format!(
             "charge script decided {} but the state it returned says otherwise: {reply:?}",

@@ -25,27 +25,30 @@
 //! staleness bound (default three intervals), then fall to zero: the mode fails
 //! open. Shadow mode computes and counts would-be drops and drops nothing.
 
+use crate::bounded::{self, Bounded};
+use crate::clock::Clock;
 use crate::decision::{Decision, QuotaStatus};
+use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Policy;
 use crate::store::{Namespace, RedisStore};
 use deadpool_redis::redis::{self, Value};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Settings of the coordinated mode ([`RateLimitLayerBuilder::coordinated`](crate::RateLimitLayerBuilder::coordinated)).
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Coordinated {
-    pub(crate) store: RedisStore,
-    pub(crate) interval: Duration,
-    pub(crate) max_keys: usize,
-    pub(crate) staleness: Option<Duration>,
-    pub(crate) seed: Option<u64>,
-    pub(crate) background: bool,
-    pub(crate) timeout: Option<Duration>,
+    store: RedisStore,
+    interval: Duration,
+    max_keys: usize,
+    staleness: Option<Duration>,
+    seed: Option<u64>,
+    background: bool,
+    timeout: Option<Duration>,
 }
 
 impl Coordinated {
@@ -74,7 +77,7 @@ impl Coordinated {
         self
     }
 
-    pub(crate) fn sync_budget(&self) -> Duration {
+    fn sync_budget(&self) -> Duration {
         self.timeout
             .unwrap_or_else(|| (self.interval / 2).min(Duration::from_millis(500)))
             .max(Duration::from_millis(1))
@@ -92,8 +95,9 @@ impl Coordinated {
         self
     }
 
-    /// The most keys tracked by this instance (default 10,000). Keys beyond it
-    /// are admitted untracked until tracked keys go idle and are dropped.
+    /// The most keys tracked by this instance (default 10,000). Past it, the
+    /// key that offered least is forgotten for a new one (it is tracked
+    /// afresh when it comes back).
     ///
     /// ```
     /// # use tower_ratelimit::{store::RedisStore, Coordinated};
@@ -140,63 +144,87 @@ impl Coordinated {
         self.background = false;
         self
     }
+
+    /// Checks the settings when the layer is built.
+    pub(crate) fn check(self) -> Result<Self, ConfigError> {
+        if self.interval.is_zero() {
+            return Err(ConfigError::new(
+                "the coordinated sync interval must be above zero",
+            ));
+        }
+        if self.store.is_cluster() {
+            return Err(ConfigError::new(
+                "the coordinated mode syncs many clients' keys in one pipeline, which a \
+                 Redis Cluster cannot route: give it a standalone Redis",
+            ));
+        }
+        Ok(self)
+    }
 }
 
 /// Per-key state: offered units since the last sync, and what the fleet did.
 #[derive(Debug)]
 struct Tracked {
-    offered: AtomicU64,
-    /// Drop ratio × 2^32 (0 = admit all).
-    ratio: AtomicU64,
+    offered: u64,
+    /// The drop ratio in force.
+    ratio: f64,
     /// The fleet's offered units in the last complete interval.
-    fleet: AtomicU64,
+    fleet: u64,
     /// The binding quota's limit and window, as of the last request.
-    limit: AtomicU64,
-    window_ms: AtomicU64,
+    limit: u64,
+    window_ms: u64,
     /// Syncs in a row without local traffic.
-    idle: AtomicU64,
+    idle: u32,
 }
 
-const ONE: f64 = (1u64 << 32) as f64;
+impl bounded::Entry for Tracked {
+    type Now = ();
+
+    /// A key without local traffic for three syncs is forgotten.
+    fn expired(&self, (): ()) -> bool {
+        self.idle > 2
+    }
+
+    fn worth(&self, (): ()) -> (f64, u64) {
+        ((self.offered + self.fleet) as f64, 0)
+    }
+}
 
 pub(crate) struct Coordinator {
     cfg: Coordinated,
     interval_ms: u64,
-    staleness_ms: u64,
+    staleness: Duration,
     namespace: Namespace,
-    keys: papaya::HashMap<Key, Tracked>,
-    tracked: AtomicUsize,
-    /// Unix ms of the last successful sync (0: none yet).
-    synced_ms: AtomicU64,
+    keys: Bounded<Key, Tracked>,
+    /// When the last sync succeeded, on the layer clock's monotonic instant.
+    synced: std::sync::Mutex<Option<Instant>>,
+    clock: Arc<dyn Clock>,
     started: AtomicBool,
-    seed: u64,
+    rng: std::sync::Mutex<fastrand::Rng>,
 }
 
 impl Coordinator {
-    pub(crate) fn new(cfg: Coordinated, namespace: Namespace) -> Self {
+    pub(crate) fn new(cfg: Coordinated, namespace: Namespace, clock: Arc<dyn Clock>) -> Self {
         let interval_ms = (cfg.interval.as_millis() as u64).max(1);
-        let staleness_ms = cfg
-            .staleness
-            .map_or(3 * interval_ms, |d| d.as_millis() as u64);
-        let seed = cfg.seed.unwrap_or_else(|| {
-            use std::hash::{BuildHasher, RandomState};
-            RandomState::new().hash_one(std::process::id())
-        });
+        let staleness = cfg.staleness.unwrap_or(cfg.interval * 3);
+        let rng = cfg
+            .seed
+            .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         Self {
+            keys: Bounded::new(cfg.max_keys, 16),
             cfg,
             interval_ms,
-            staleness_ms,
+            staleness,
             namespace,
-            keys: papaya::HashMap::new(),
-            tracked: AtomicUsize::new(0),
-            synced_ms: AtomicU64::new(0),
+            synced: std::sync::Mutex::new(None),
+            clock,
             started: AtomicBool::new(false),
-            seed,
+            rng: std::sync::Mutex::new(rng),
         }
     }
 
-    /// The request path: an atomic add, an atomic load and a random draw; the
-    /// decision is rejected when the draw falls under the key's drop ratio.
+    /// The request path: count the offer, read the key's drop ratio, and
+    /// reject when a random draw falls under it.
     pub(crate) fn decide(
         self: &Arc<Self>,
         key: &Key,
@@ -215,39 +243,26 @@ impl Coordinator {
                 ra.total_cmp(&rb)
             })
             .expect("a policy has a quota");
-        let keys = self.keys.pin();
-        let tracked = match keys.get(key) {
-            Some(t) => Some(t),
-            None if self.tracked.load(Ordering::Relaxed) < self.cfg.max_keys => {
-                let t = keys.get_or_insert_with(*key, || {
-                    self.tracked.fetch_add(1, Ordering::Relaxed);
-                    Tracked {
-                        offered: AtomicU64::new(0),
-                        ratio: AtomicU64::new(0),
-                        fleet: AtomicU64::new(0),
-                        limit: AtomicU64::new(q.limit()),
-                        window_ms: AtomicU64::new(q.window_ms()),
-                        idle: AtomicU64::new(0),
-                    }
-                });
-                Some(t)
-            }
-            // At the cap: admitted untracked (fails open for this key).
-            None => None,
-        };
-        let (ratio, fleet) = match tracked {
+        let fresh = self.fresh();
+        let ((ratio, fleet), _) = self.keys.update(*key, (), |t| match t {
             Some(t) => {
-                t.offered.fetch_add(cost, Ordering::Relaxed);
-                if t.limit.load(Ordering::Relaxed) != q.limit() {
-                    t.limit.store(q.limit(), Ordering::Relaxed);
-                }
-                if t.window_ms.load(Ordering::Relaxed) != q.window_ms() {
-                    t.window_ms.store(q.window_ms(), Ordering::Relaxed);
-                }
-                (self.ratio(t, now), t.fleet.load(Ordering::Relaxed))
+                t.offered += cost;
+                t.limit = q.limit();
+                t.window_ms = q.window_ms();
+                ((if fresh { t.ratio } else { 0.0 }, t.fleet), None)
             }
-            None => (0.0, 0),
-        };
+            None => (
+                (0.0, 0),
+                Some(Tracked {
+                    offered: cost,
+                    ratio: 0.0,
+                    fleet: 0,
+                    limit: q.limit(),
+                    window_ms: q.window_ms(),
+                    idle: 0,
+                }),
+            ),
+        });
         let drop = ratio > 0.0 && self.draw() < ratio;
         // Headers say what is known: the limit, and an estimate of what the
         // fleet has left from its last complete interval, scaled to the window.
@@ -261,49 +276,32 @@ impl Coordinator {
             window_id: 0,
             ..QuotaStatus::default()
         };
-        let mut statuses = vec![status; 1];
-        // Report the binding quota in the policy's first slot, others as unknown-but-open.
-        for other in policy.quotas().iter().skip(1) {
-            statuses.push(QuotaStatus {
-                limit: other.limit(),
-                remaining: other.limit(),
-                reset_ms: now + self.interval_ms,
-                retry_after_ms: 0,
-                allowed: true,
-                window_id: 0,
-                ..QuotaStatus::default()
-            });
-        }
-        Decision::from_statuses(statuses, cost)
+        // The binding quota in the policy's first slot, the others as open.
+        let others = policy.quotas().iter().skip(1).map(|other| QuotaStatus {
+            limit: other.limit(),
+            remaining: other.limit(),
+            reset_ms: now + self.interval_ms,
+            allowed: true,
+            ..QuotaStatus::default()
+        });
+        Decision::from_statuses(std::iter::once(status).chain(others), cost)
     }
 
-    /// The ratio in force at `now`: the last computed one, or zero once the
-    /// last successful sync is older than the staleness bound.
-    fn ratio(&self, t: &Tracked, now: u64) -> f64 {
-        let synced = self.synced_ms.load(Ordering::Relaxed);
-        if synced == 0 || now.saturating_sub(synced) >= self.staleness_ms {
-            return 0.0;
-        }
-        t.ratio.load(Ordering::Relaxed) as f64 / ONE
+    /// Whether the last successful sync is recent enough for its ratios.
+    fn fresh(&self) -> bool {
+        let synced = *self
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        synced.is_some_and(|at| self.clock.monotonic() < at + self.staleness)
     }
 
-    /// A uniform draw in [0, 1) from a per-thread xorshift generator.
+    /// A uniform draw in [0, 1).
     fn draw(&self) -> f64 {
-        thread_local! {
-            static STATE: Cell<u64> = const { Cell::new(0) };
-        }
-        STATE.with(|s| {
-            let mut x = s.get();
-            if x == 0 {
-                static THREADS: AtomicU64 = AtomicU64::new(1);
-                x = (self.seed ^ THREADS.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)) | 1;
-            }
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            s.set(x);
-            (x >> 11) as f64 / (1u64 << 53) as f64
-        })
+        self.rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .f64()
     }
 
     fn start_background(self: &Arc<Self>) {
@@ -326,7 +324,7 @@ impl Coordinator {
                 tick.tick().await;
                 // The layer is gone: stop.
                 let Some(this) = weak.upgrade() else { return };
-                let now = crate::clock::SystemClock.now_ms_coarse();
+                let now = this.clock.now_ms();
                 if let Err(e) = this.sync(now).await {
                     tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed; ratios decay after the staleness bound");
                 }
@@ -335,38 +333,34 @@ impl Coordinator {
     }
 
     fn bucket_key(&self, key: &Key, epoch: u64) -> String {
-        let mut k = self.cfg.store.redis_key(&self.namespace, key);
-        k.push_str(":o:");
-        k.push_str(&epoch.to_string());
-        k
+        format!(
+            "{}:o:{epoch}",
+            self.cfg.store.redis_key(&self.namespace, key)
+        )
     }
 
     /// One sync: report offered counts, read the fleet's last complete
     /// interval, set each key's drop ratio. One pipelined round trip.
+    /// `now` is wall time (Unix ms): every instance buckets by it.
     pub(crate) async fn sync(&self, now: u64) -> Result<(), crate::StoreError> {
         let epoch = now / self.interval_ms;
-        let keys = self.keys.pin_owned();
         let mut batch: Vec<(Key, u64)> = Vec::new();
-        let mut idle: Vec<Key> = Vec::new();
-        for (key, t) in keys.iter() {
-            let n = t.offered.swap(0, Ordering::Relaxed);
-            if n == 0 && t.idle.fetch_add(1, Ordering::Relaxed) >= 2 {
-                // No local traffic for a while: stop tracking (costs nothing).
-                idle.push(*key);
-                continue;
-            }
-            if n > 0 {
-                t.idle.store(0, Ordering::Relaxed);
+        self.keys.retain(|key, t| {
+            let n = std::mem::take(&mut t.offered);
+            if n == 0 {
+                t.idle += 1;
+                if t.idle > 2 {
+                    // No local traffic for a while: stop tracking (costs nothing).
+                    return false;
+                }
+            } else {
+                t.idle = 0;
             }
             batch.push((*key, n));
-        }
-        for k in idle {
-            if keys.remove(&k).is_some() {
-                self.tracked.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
+            true
+        });
         if batch.is_empty() {
-            self.synced_ms.store(now.max(1), Ordering::Relaxed);
+            self.mark_synced();
             return Ok(());
         }
         let ttl = (3 * self.interval_ms).max(1_000);
@@ -406,19 +400,28 @@ impl Coordinator {
                 Value::Int(i) => i.max(0) as u64,
                 _ => 0,
             };
-            if let Some(t) = keys.get(key) {
-                let limit = t.limit.load(Ordering::Relaxed) as f64 * self.interval_ms as f64
-                    / t.window_ms.load(Ordering::Relaxed).max(1) as f64;
-                let ratio = if (fleet as f64) > limit {
-                    (fleet as f64 - limit) / fleet as f64
-                } else {
-                    0.0
-                };
-                t.fleet.store(fleet, Ordering::Relaxed);
-                t.ratio.store((ratio * ONE) as u64, Ordering::Relaxed);
-            }
+            self.keys.update(*key, (), |t| {
+                if let Some(t) = t {
+                    let limit =
+                        t.limit as f64 * self.interval_ms as f64 / t.window_ms.max(1) as f64;
+                    t.ratio = if (fleet as f64) > limit {
+                        (fleet as f64 - limit) / fleet as f64
+                    } else {
+                        0.0
+                    };
+                    t.fleet = fleet;
+                }
+                ((), None)
+            });
         }
-        self.synced_ms.store(now.max(1), Ordering::Relaxed);
+        self.mark_synced();
         Ok(())
+    }
+
+    fn mark_synced(&self) {
+        *self
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(self.clock.monotonic());
     }
 }

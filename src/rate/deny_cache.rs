@@ -6,14 +6,15 @@
 //! token bucket and GCRA the time this cost would next fit. The client was told
 //! to wait until T; honouring that locally is consistent with what it saw.
 //! Requests with a smaller cost than the one rejected are not denied from the
-//! cache (they might fit sooner).
+//! cache (they might fit sooner). Only a rejection the store made is cached,
+//! never one made without it (the failure policy's local limit).
 
+use crate::bounded::{self, Bounded};
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::quota::Policy;
-use hashbrown::HashMap;
-use std::hash::BuildHasher;
-use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Local deny cache settings for [`RateLimitLayerBuilder::deny_cache`](crate::RateLimitLayerBuilder::deny_cache).
 ///
@@ -28,7 +29,7 @@ use std::sync::{Mutex, PoisonError};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub struct DenyCache {
-    pub(crate) max_keys: usize,
+    max_keys: usize,
 }
 
 impl Default for DenyCache {
@@ -48,9 +49,9 @@ impl DenyCache {
         Self { max_keys: 0 }
     }
 
-    /// The most keys remembered (0 disables the cache). At the cap expired
-    /// entries go first, then arbitrary ones: an evicted entry only costs one
-    /// more store call.
+    /// The most keys remembered (0 disables the cache). At the cap, expired
+    /// entries go first, then those that expire soonest: an evicted entry
+    /// only costs one more store call.
     pub const fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
@@ -58,63 +59,53 @@ impl DenyCache {
 }
 
 struct Denial {
-    /// Unix ms until which the key is denied.
-    until_ms: u64,
+    /// The key is denied until then (monotonic time).
+    until: Instant,
     /// The cost that was rejected.
     cost: u64,
     /// When the store decided.
-    decided_ms: u64,
+    decided: Instant,
     decision: Decision,
     policy: Policy,
 }
 
-const SHARDS: usize = 16;
+impl bounded::Entry for Denial {
+    type Now = Instant;
+
+    fn expired(&self, now: Instant) -> bool {
+        now >= self.until
+    }
+
+    /// The sooner a denial ends, the less it saves.
+    fn worth(&self, now: Instant) -> (f64, u64) {
+        (self.until.saturating_duration_since(now).as_secs_f64(), 0)
+    }
+}
 
 pub(crate) struct Denials {
-    shards: Box<[Mutex<HashMap<Key, Denial>>]>,
-    per_shard: usize,
-    hasher: hashbrown::DefaultHashBuilder,
+    map: Bounded<Key, Denial>,
 }
 
 impl Denials {
     /// `None` when disabled.
     pub(crate) fn new(cfg: DenyCache) -> Option<Self> {
-        (cfg.max_keys > 0).then(|| {
-            let n = SHARDS.min(cfg.max_keys);
-            Self {
-                shards: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
-                per_shard: cfg.max_keys / n,
-                hasher: hashbrown::DefaultHashBuilder::default(),
-            }
+        (cfg.max_keys > 0).then(|| Self {
+            map: Bounded::new(cfg.max_keys, 16),
         })
     }
 
-    fn shard(&self, key: &Key) -> &Mutex<HashMap<Key, Denial>> {
-        let i = self.hasher.hash_one(key) >> 48;
-        &self.shards[i as usize % self.shards.len()]
-    }
-
-    /// The cached rejection for `key`, if it still holds at `now` for `cost`,
-    /// with `Retry-After` counted down to `now`.
-    pub(crate) fn check(&self, key: &Key, cost: u64, now: u64) -> Option<(Decision, Policy)> {
-        let mut map = self
-            .shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let d = map.get(key)?;
-        if now >= d.until_ms {
-            map.remove(key);
-            return None;
-        }
-        if cost < d.cost {
-            return None;
-        }
-        let elapsed = now.saturating_sub(d.decided_ms);
-        let mut decision = d.decision.clone();
+    /// The cached rejection for `key`, if it still holds now for `cost`,
+    /// with `Retry-After` counted down to now.
+    pub(crate) fn check(&self, key: &Key, cost: u64, now: Instant) -> Option<(Decision, Policy)> {
+        let (decision, policy, elapsed) = self.map.read(key, now, |d| {
+            (cost >= d.cost).then(|| (d.decision.clone(), d.policy.clone(), now - d.decided))
+        })??;
+        let elapsed = elapsed.as_millis() as u64;
+        let mut decision = decision;
         for s in decision.statuses_mut().iter_mut().filter(|s| !s.allowed) {
             s.retry_after_ms = s.retry_after_ms.saturating_sub(elapsed).max(1);
         }
-        Some((decision, d.policy.clone()))
+        Some((decision, policy))
     }
 
     /// Remembers a rejection that has a finite wait.
@@ -122,50 +113,36 @@ impl Denials {
         &self,
         key: Key,
         cost: u64,
-        now: u64,
         decision: &Decision,
         policy: &Policy,
+        now: Instant,
     ) {
         let wait = decision.retry_after_ms();
         if decision.is_allowed() || wait == 0 {
             return;
         }
-        let mut map = self
-            .shard(&key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if map.len() >= self.per_shard && !map.contains_key(&key) {
-            map.retain(|_, d| d.until_ms > now);
-            if map.len() >= self.per_shard {
-                if let Some(victim) = map.keys().next().copied() {
-                    map.remove(&victim);
-                }
-            }
-        }
-        map.insert(
-            key,
-            Denial {
-                until_ms: now + wait,
-                cost,
-                decided_ms: now,
-                decision: decision.clone(),
-                policy: policy.clone(),
-            },
-        );
+        let denial = Denial {
+            until: now + Duration::from_millis(wait),
+            cost,
+            decided: now,
+            decision: decision.clone(),
+            policy: policy.clone(),
+        };
+        self.map.update(key, now, |_| ((), Some(denial)));
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+        self.map.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{Clock, ManualClock};
     use crate::decision::QuotaStatus;
     use crate::quota::Quota;
-    use std::time::Duration;
 
     fn rejected(retry: u64) -> Decision {
         Decision::from_statuses(
@@ -187,34 +164,45 @@ mod tests {
     }
 
     #[test]
-    fn denies_until_the_retry_after_then_forgets() {
-        let c = Denials::new(DenyCache::new()).unwrap();
+    fn denies_until_the_retry_after_on_the_monotonic_clock_then_forgets() {
+        let (c, clock) = (Denials::new(DenyCache::new()).unwrap(), ManualClock::new(0));
         let k = Key::new("k");
-        c.insert(k, 1, 1_000, &rejected(500), &policy());
-        let (d, _) = c.check(&k, 1, 1_000).unwrap();
+        c.insert(k, 1, &rejected(500), &policy(), clock.monotonic());
+        let (d, _) = c.check(&k, 1, clock.monotonic()).unwrap();
         assert_eq!(d, rejected(500), "same decision, same headers");
-        let (d, _) = c.check(&k, 1, 1_200).unwrap();
+        clock.advance(Duration::from_millis(200));
+        let (d, _) = c.check(&k, 1, clock.monotonic()).unwrap();
         assert_eq!(d.retry_after_ms(), 300, "Retry-After counts down");
-        assert!(c.check(&k, 1, 1_500).is_none());
-        assert_eq!(c.len(), 0);
+        // A wall-clock step does not move the expiry.
+        clock.set(3_600_000);
+        assert!(c.check(&k, 1, clock.monotonic()).is_some());
+        clock.advance(Duration::from_millis(300));
+        assert!(c.check(&k, 1, clock.monotonic()).is_none());
     }
 
     #[test]
     fn a_smaller_cost_is_not_denied_from_the_cache() {
         let c = Denials::new(DenyCache::new()).unwrap();
-        let k = Key::new("k");
-        c.insert(k, 3, 0, &rejected(500), &policy());
-        assert!(c.check(&k, 2, 1).is_none());
-        assert!(c.check(&k, 3, 1).is_some());
+        let (k, now) = (Key::new("k"), Instant::now());
+        c.insert(k, 3, &rejected(500), &policy(), now);
+        assert!(c.check(&k, 2, now).is_none());
+        assert!(c.check(&k, 3, now).is_some());
     }
 
     #[test]
     fn stays_within_its_cap() {
         let c = Denials::new(DenyCache::new().max_keys(100)).unwrap();
+        let now = Instant::now();
         for i in 0..10_000u32 {
-            c.insert(Key::new(i.to_le_bytes()), 1, 0, &rejected(1_000), &policy());
+            c.insert(
+                Key::new(i.to_le_bytes()),
+                1,
+                &rejected(1_000),
+                &policy(),
+                now,
+            );
         }
-        assert!(c.len() <= 100);
+        assert!(c.len() <= 100, "{} entries", c.len());
     }
 
     #[test]

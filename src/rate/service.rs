@@ -1,8 +1,8 @@
 //! [`RateLimit`]: the service the layer produces.
 
-use crate::body::{BodyMode, WrapBody};
-use crate::future::ResponseFuture;
-use crate::limiter::Limiter;
+use super::body::{BodyMode, WrapBody};
+use super::future::ResponseFuture;
+use super::limiter::Limiter;
 use http::{Request, Response};
 use std::fmt;
 use std::marker::PhantomData;

@@ -1,0 +1,557 @@
+//! What a limiter does when its store fails: the failure policy
+//! ([`OnStoreError`]), a circuit breaker in front of the store
+//! ([`CircuitBreaker`]), and log lines kept to one a second per kind. The
+//! rate limiter and the concurrency limiter share all of it.
+//!
+//! ```
+//! # use std::num::NonZeroU32;
+//! use std::time::Duration;
+//! use tower_ratelimit::{CircuitBreaker, OnStoreError, Quota, RateLimitLayer};
+//! let layer = RateLimitLayer::builder()
+//!     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
+//!     .on_store_error(OnStoreError::Local { fraction: 0.25 })
+//!     .circuit_breaker(CircuitBreaker::new().failures(3).cooldown(Duration::from_millis(500)))
+//!     .build()
+//!     .unwrap();
+//! ```
+
+use crate::clock::Clock;
+use crate::error::StoreError;
+use crate::metrics::StoreMetrics;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What the layer does when the store cannot answer (error, timeout, open breaker).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Admit the request, without rate-limit headers (the default: the limiter
+    /// is never less available than what it protects).
+    #[default]
+    FailOpen,
+    /// Answer 503 with `Retry-After` without calling the inner service.
+    FailClosed,
+    /// Limit locally, in this process's memory, to `fraction` of each quota
+    /// (e.g. `1.0 / expected_instances`) until the store answers again.
+    Local {
+        /// Share of each quota's limit this instance admits on its own (0 < fraction ≤ 1).
+        fraction: f64,
+    },
+}
+
+impl OnStoreError {
+    /// The `action` label of the decisions this policy makes.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            OnStoreError::FailOpen => "open",
+            OnStoreError::FailClosed => "closed",
+            OnStoreError::Local { .. } => "local",
+        }
+    }
+
+    /// Checks `Local`'s fraction.
+    pub(crate) fn check(self) -> Result<Self, crate::ConfigError> {
+        match self {
+            OnStoreError::Local { fraction } if !(fraction > 0.0 && fraction <= 1.0) => {
+                Err(crate::ConfigError::new(format!(
+                    "OnStoreError::Local needs a fraction in (0, 1], got {fraction}"
+                )))
+            }
+            ok => Ok(ok),
+        }
+    }
+}
+
+/// Circuit breaker settings: after repeated store failures, stop calling
+/// the store for a cool-down and answer per the failure policy at once, so a
+/// dead Redis does not add the store timeout to every request.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::CircuitBreaker;
+/// let breaker = CircuitBreaker::new().failures(3).cooldown(Duration::from_millis(500));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct CircuitBreaker {
+    threshold: u32,
+    cooldown: Duration,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CircuitBreaker {
+    /// Opens after 5 consecutive store failures; probes again after 1 s.
+    pub const fn new() -> Self {
+        Self {
+            threshold: 5,
+            cooldown: Duration::from_secs(1),
+        }
+    }
+
+    /// Never opens: every request calls the store (and may wait for its timeout).
+    pub const fn disabled() -> Self {
+        Self {
+            threshold: u32::MAX,
+            cooldown: Duration::ZERO,
+        }
+    }
+
+    /// Consecutive failures that open the breaker (at least 1).
+    pub const fn failures(mut self, n: u32) -> Self {
+        self.threshold = if n == 0 { 1 } else { n };
+        self
+    }
+
+    /// How long the breaker stays open before one probe call is let through
+    /// (measured on the monotonic clock: a step of the wall clock changes nothing).
+    pub const fn cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+}
+
+/// Whether a request may call the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Closed: call the store.
+    Call,
+    /// The cool-down has passed: this one call probes the store.
+    Probe,
+    /// Open: do not call the store.
+    Reject,
+}
+
+/// One breaker.
+pub(crate) struct Breaker {
+    cfg: CircuitBreaker,
+    closed: AtomicBool,
+    failures: AtomicU32,
+    open: Mutex<Open>,
+}
+
+struct Open {
+    /// Calls are refused until then.
+    until: Option<Instant>,
+    /// A probe is out: everyone else waits for its answer.
+    probing: bool,
+}
+
+impl Breaker {
+    pub(crate) fn new(cfg: CircuitBreaker) -> Self {
+        Self {
+            cfg,
+            closed: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            open: Mutex::new(Open {
+                until: None,
+                probing: false,
+            }),
+        }
+    }
+
+    pub(crate) fn admit(&self, now: Instant) -> Admit {
+        if self.closed.load(Ordering::Acquire) {
+            return Admit::Call;
+        }
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.closed.load(Ordering::Acquire) {
+            return Admit::Call;
+        }
+        match open.until {
+            Some(until) if !open.probing && now >= until => {
+                open.probing = true;
+                Admit::Probe
+            }
+            _ => Admit::Reject,
+        }
+    }
+
+    /// Records a successful call; returns true if it closed the breaker,
+    /// which only the probe's success does (a late answer to a call made
+    /// before the breaker opened says nothing of the store now).
+    pub(crate) fn success(&self, probe: bool) -> bool {
+        if probe {
+            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+            open.probing = false;
+            open.until = None;
+            self.failures.store(0, Ordering::Relaxed);
+            self.closed.store(true, Ordering::Release);
+            return true;
+        }
+        if self.failures.load(Ordering::Relaxed) != 0 && self.closed.load(Ordering::Acquire) {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        false
+    }
+
+    /// Records a failed call; returns true if it opened the breaker.
+    pub(crate) fn failure(&self, probe: bool, now: Instant) -> bool {
+        if self.cfg.threshold == u32::MAX {
+            return false;
+        }
+        let reopen = |open: &mut Open| {
+            open.until = Some(now + self.cfg.cooldown);
+            open.probing = false;
+        };
+        if probe {
+            reopen(&mut self.open.lock().unwrap_or_else(PoisonError::into_inner));
+            return false;
+        }
+        let n = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        if n < self.cfg.threshold || !self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.closed.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        reopen(&mut open);
+        true
+    }
+
+    fn is_open(&self) -> bool {
+        !self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// Most breakers a layer keeps; stores with more failure domains share them.
+const MAX_DOMAINS: usize = 1024;
+
+/// One breaker per failure domain of the store (see
+/// [`Store::failure_domain`](crate::store::Store::failure_domain)): one for a
+/// single Redis, one per shard for a sharded store, so repeated failures of one
+/// dead shard open only that shard's breaker and the others keep calling.
+pub(crate) struct Breakers(Box<[Breaker]>);
+
+impl Breakers {
+    pub(crate) fn new(cfg: CircuitBreaker, domains: usize) -> Self {
+        Self(
+            (0..domains.clamp(1, MAX_DOMAINS))
+                .map(|_| Breaker::new(cfg))
+                .collect(),
+        )
+    }
+
+    /// The breaker of failure domain `domain`.
+    pub(crate) fn get(&self, domain: usize) -> &Breaker {
+        &self.0[domain % self.0.len()]
+    }
+
+    /// Whether any domain's breaker is open (the `*_breaker_state` gauge).
+    pub(crate) fn any_open(&self) -> bool {
+        self.0.iter().any(Breaker::is_open)
+    }
+}
+
+/// Keeps log lines to one per second per kind, so a flood is one line, not millions.
+#[derive(Default)]
+pub(crate) struct LogThrottle {
+    base: std::sync::OnceLock<Instant>,
+    last: [AtomicU64; 3],
+}
+
+/// The kinds of log line a limiter throttles.
+#[derive(Clone, Copy)]
+pub(crate) enum Log {
+    Rejected = 0,
+    KeyError = 1,
+    StoreError = 2,
+}
+
+impl LogThrottle {
+    /// Runs `log` unless a line of this kind was logged in the last second.
+    pub(crate) fn event(&self, kind: Log, log: impl FnOnce()) {
+        let base = *self.base.get_or_init(Instant::now);
+        // Milliseconds since the throttle's first use, plus one: 0 means never.
+        let now = base.elapsed().as_millis() as u64 + 1;
+        let last = &self.last[kind as usize];
+        let prev = last.load(Ordering::Relaxed);
+        if (prev == 0 || now >= prev + 1_000)
+            && last
+                .compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            log();
+        }
+    }
+}
+
+/// A store call the breaker let through: which breaker it counts for, and
+/// whether it is the probe.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Permit {
+    domain: usize,
+    probe: bool,
+}
+
+/// The failure handling of one store-backed limiter: its breakers, its
+/// policy, its throttled log lines and the metrics of its store calls.
+pub(crate) struct Guard {
+    pub(crate) policy: OnStoreError,
+    breakers: Breakers,
+    pub(crate) log: LogThrottle,
+    /// The limiter's name, for log lines.
+    name: String,
+    /// What the limiter is called in log lines: "rate limit", "concurrency".
+    what: &'static str,
+    /// The limiter's clock: cool-downs run on its monotonic instant.
+    clock: Arc<dyn Clock>,
+}
+
+impl Guard {
+    pub(crate) fn new(
+        name: &str,
+        what: &'static str,
+        policy: OnStoreError,
+        breaker: CircuitBreaker,
+        domains: usize,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            policy,
+            breakers: Breakers::new(breaker, domains),
+            log: LogThrottle::default(),
+            name: name.to_owned(),
+            what,
+            clock,
+        }
+    }
+
+    /// Whether a call to failure domain `domain` may be made.
+    pub(crate) fn admit(&self, domain: usize, m: &StoreMetrics) -> Result<Permit, StoreError> {
+        match self.breakers.get(domain).admit(self.clock.monotonic()) {
+            Admit::Call => Ok(Permit {
+                domain,
+                probe: false,
+            }),
+            Admit::Probe => {
+                m.breaker_state.set(2.0);
+                Ok(Permit {
+                    domain,
+                    probe: true,
+                })
+            }
+            Admit::Reject => Err(StoreError::CircuitOpen),
+        }
+    }
+
+    /// Records how a call the breaker let through ended.
+    pub(crate) fn record<T>(
+        &self,
+        permit: Permit,
+        result: &Result<T, StoreError>,
+        m: &StoreMetrics,
+    ) {
+        let breaker = self.breakers.get(permit.domain);
+        match result {
+            Ok(_) => {
+                if breaker.success(permit.probe) {
+                    if !self.breakers.any_open() {
+                        m.breaker_state.set(0.0);
+                    }
+                    tracing::info!(
+                        limiter = %self.name,
+                        domain = permit.domain,
+                        "{} store answers again; circuit closed",
+                        self.what
+                    );
+                }
+            }
+            // Not a fault of the store: it refuses new keys by design.
+            Err(StoreError::Full { .. }) => {}
+            Err(_) => {
+                if breaker.failure(permit.probe, self.clock.monotonic()) {
+                    m.breaker_state.set(1.0);
+                    tracing::warn!(
+                        limiter = %self.name,
+                        domain = permit.domain,
+                        "{} store keeps failing; circuit opened",
+                        self.what
+                    );
+                }
+            }
+        }
+    }
+
+    /// Counts and logs a failed call, and says what the policy does.
+    pub(crate) fn failed(&self, err: &StoreError, m: &StoreMetrics) -> OnStoreError {
+        m.store_error(err.kind());
+        let policy = self.policy;
+        self.log.event(Log::StoreError, || {
+            tracing::error!(
+                limiter = %self.name,
+                error = %err,
+                kind = err.kind(),
+                on_store_error = policy.label(),
+                "{} store failed",
+                self.what
+            );
+        });
+        match policy {
+            OnStoreError::FailOpen => m.fail_open.increment(1),
+            OnStoreError::FailClosed => m.fail_closed.increment(1),
+            OnStoreError::Local { .. } => m.fail_local.increment(1),
+        }
+        policy
+    }
+}
+
+/// `call`'s answer, or [`StoreError::Timeout`] once `timeout` has passed:
+/// whatever a store does, no request waits on it longer.
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(timeout)))
+}
+
+/// Runs a store call no request waits for (a refund, a slot release): at
+/// once when the store answered synchronously, else spawned on the tokio
+/// runtime, off the response path, bounded by `timeout` (and safe while
+/// unwinding from a panic). `done` gets the result and, when the call had to
+/// wait, when it started. Returns `false` (and drops `done` uncalled) when
+/// there is no runtime to run it on.
+pub(crate) fn off_path(
+    mut call: crate::store::StoreFuture<Result<(), StoreError>>,
+    timeout: Duration,
+    done: impl FnOnce(Result<(), StoreError>, Option<std::time::Instant>) + Send + 'static,
+) -> bool {
+    if let Some(result) = call.now_or_never() {
+        done(result, None);
+        return true;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let started = std::time::Instant::now();
+    rt.spawn(async move { done(within(timeout, call).await, Some(started)) });
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker(n: u32) -> Breaker {
+        Breaker::new(
+            CircuitBreaker::new()
+                .failures(n)
+                .cooldown(Duration::from_millis(100)),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_the_threshold_rejects_during_cooldown_and_lets_one_probe_through() {
+        let b = breaker(3);
+        assert_eq!(b.admit(Instant::now()), Admit::Call);
+        assert!(!b.failure(false, Instant::now()));
+        assert!(!b.failure(false, Instant::now()));
+        assert!(
+            b.failure(false, Instant::now()),
+            "the third failure opens it"
+        );
+        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        assert_eq!(
+            b.admit(Instant::now()),
+            Admit::Reject,
+            "one probe at a time"
+        );
+        // The probe fails: open for another cool-down.
+        assert!(!b.failure(true, Instant::now()));
+        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        assert!(b.success(true), "a successful probe closes it");
+        assert_eq!(b.admit(Instant::now()), Admit::Call);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_probe_closes_it_never_a_late_answer_to_an_earlier_call() {
+        let b = breaker(1);
+        assert!(b.failure(false, Instant::now()));
+        assert!(
+            !b.success(false),
+            "a call from before the opening answered late"
+        );
+        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        assert!(!b.success(false), "nor while the probe is out");
+        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        assert!(b.success(true));
+        assert_eq!(b.admit(Instant::now()), Admit::Call);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cooldown_runs_on_the_monotonic_clock() {
+        // The wall clock (SystemTime, or a layer's Clock) plays no part: only
+        // tokio's monotonic time, which a test moves, ends the cool-down.
+        let b = breaker(1);
+        assert!(b.failure(false, Instant::now()));
+        tokio::time::advance(Duration::from_millis(99)).await;
+        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+    }
+
+    #[test]
+    fn a_success_resets_the_count_of_consecutive_failures_and_disabled_never_opens() {
+        let b = breaker(2);
+        b.failure(false, Instant::now());
+        b.success(false);
+        assert!(!b.failure(false, Instant::now()));
+        assert_eq!(b.admit(Instant::now()), Admit::Call);
+        let b = Breaker::new(CircuitBreaker::disabled());
+        for _ in 0..1000 {
+            assert!(!b.failure(false, Instant::now()));
+        }
+        assert_eq!(b.admit(Instant::now()), Admit::Call);
+    }
+
+    #[test]
+    fn each_failure_domain_has_its_own_breaker() {
+        let b = Breakers::new(CircuitBreaker::new().failures(2), 3);
+        assert!(!b.get(1).failure(false, Instant::now()));
+        assert!(b.get(1).failure(false, Instant::now()), "domain 1 opens");
+        assert!(b.any_open());
+        assert_eq!(b.get(1).admit(Instant::now()), Admit::Reject);
+        assert_eq!(
+            b.get(0).admit(Instant::now()),
+            Admit::Call,
+            "domain 0 still calls"
+        );
+        assert_eq!(
+            b.get(4).admit(Instant::now()),
+            Admit::Reject,
+            "domains wrap around"
+        );
+        assert!(
+            Breakers::new(CircuitBreaker::new(), 0)
+                .get(7)
+                .admit(Instant::now())
+                == Admit::Call
+        );
+    }
+
+    #[test]
+    fn a_local_fraction_outside_zero_to_one_is_refused() {
+        for bad in [0.0, -1.0, 1.5, f64::NAN] {
+            assert!(OnStoreError::Local { fraction: bad }.check().is_err());
+        }
+        assert!(OnStoreError::Local { fraction: 1.0 }.check().is_ok());
+    }
+}

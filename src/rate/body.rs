@@ -1,0 +1,77 @@
+//! Which body type the rate limiter's responses carry: [`BodyMode`].
+
+use crate::body::ResponseBody;
+use bytes::Bytes;
+
+/// Which body type a [`RateLimit`](crate::RateLimit) service answers with,
+/// and how the inner service's body and the limiter's own answers become it.
+///
+/// Sealed. [`WrapBody`] (the default) suits every inner service;
+/// [`InnerBody`] suits those whose body type can be made from [`Bytes`], such
+/// as axum's, and saves a box per response there. Choose with
+/// [`RateLimitLayer::inner_body`](crate::RateLimitLayer::inner_body).
+pub trait BodyMode<B>: sealed::Sealed {
+    /// The body type of the service's responses.
+    type Body;
+
+    /// The inner service's body, passed on as it is.
+    fn inner(body: B) -> Self::Body;
+
+    /// A body the limiter wrote: a rejection or a store-failure answer.
+    fn limiter(data: Bytes) -> Self::Body;
+}
+
+/// The default [`BodyMode`]: responses carry a [`ResponseBody`], either the
+/// inner service's body, untouched, or one the limiter wrote.
+///
+/// Works with any inner service. axum (and tonic) box a body type they do
+/// not know once more per response; [`InnerBody`] avoids that for axum.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WrapBody;
+
+/// A [`BodyMode`] in which responses carry the inner service's own body type
+/// `B`; the limiter's answers are made with `B::from(Bytes)`.
+///
+/// For inner services whose body is `From<Bytes>`: axum's `Body`,
+/// `http_body_util::Full<Bytes>`. axum passes its own `Body` through
+/// without boxing it again, which [`WrapBody`]'s `ResponseBody<Body>` costs
+/// on every response.
+///
+/// Some answers have no body (a gRPC answer is headers only): they are made
+/// with `B::from(Bytes::new())`, which must be an empty body that has ended
+/// (`is_end_stream`), as it is for axum's `Body` and for `Full`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InnerBody;
+
+impl<B> BodyMode<B> for WrapBody {
+    type Body = ResponseBody<B>;
+
+    fn inner(body: B) -> Self::Body {
+        ResponseBody::inner(body)
+    }
+
+    fn limiter(data: Bytes) -> Self::Body {
+        ResponseBody::limiter(data)
+    }
+}
+
+impl<B: From<Bytes>> BodyMode<B> for InnerBody {
+    type Body = B;
+
+    fn inner(body: B) -> B {
+        body
+    }
+
+    fn limiter(data: Bytes) -> B {
+        B::from(data)
+    }
+}
+
+mod sealed {
+    // Public in a private module: `BodyMode` names it as a supertrait, and no
+    // one outside this crate can implement it, so the two modes stay the only ones.
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+    impl Sealed for super::WrapBody {}
+    impl Sealed for super::InnerBody {}
+}

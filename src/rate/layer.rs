@@ -1,0 +1,501 @@
+//! [`RateLimitLayer`] and its builder.
+
+use super::body::{InnerBody, WrapBody};
+use super::deny_cache::{Denials, DenyCache};
+use super::limiter::{KeySource, Limiter, PolicySource, RejectionFn, Status, StatusError};
+use super::response::{default_rejection, Rejection};
+use super::service::RateLimit;
+use crate::builder::Builder;
+use crate::error::ConfigError;
+use crate::failure::{Guard, OnStoreError};
+use crate::key::{Global, Key, KeyError, KeyExtractor};
+use crate::quota::{Policy, Quota};
+use crate::store::{MemoryStore, Namespace};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Response, StatusCode};
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use tower_layer::Layer;
+
+/// Applies a rate limit to every request of the wrapped service.
+///
+/// Cheap to clone: clones share one limiter (one store, one configuration), so
+/// `.layer(layer.clone())` on several routers limits them together.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use tower_ratelimit::{key::PeerIp, Quota, RateLimitLayer};
+/// let layer = RateLimitLayer::builder()
+///     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+///     .key(PeerIp::new())
+///     .build()
+///     .unwrap();
+/// let app: axum::Router = axum::Router::new()
+///     .route("/", axum::routing::get(|| async { "ok" }))
+///     .layer(layer);
+/// ```
+///
+/// `M` is the responses' [`BodyMode`](crate::BodyMode): [`WrapBody`] from
+/// [`build`](RateLimitLayerBuilder::build), [`InnerBody`] after
+/// [`inner_body`](Self::inner_body).
+pub struct RateLimitLayer<M = WrapBody> {
+    limiter: Arc<Limiter>,
+    body: PhantomData<fn() -> M>,
+}
+
+impl<M> Clone for RateLimitLayer<M> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            body: PhantomData,
+        }
+    }
+}
+
+/// Configures a [`RateLimitLayer`]: the options every layer shares (see
+/// [`Builder`]) and the rate limiter's own (below).
+pub type RateLimitLayerBuilder = Builder<Settings>;
+
+/// The rate limiter's own options, set through [`RateLimitLayerBuilder`].
+pub struct Settings {
+    key: KeySource,
+    policy: Option<PolicySource>,
+    cost: Option<Arc<super::limiter::CostFn>>,
+    refund: Arc<super::limiter::RefundFn>,
+    on_rejection: Arc<RejectionFn>,
+    deny_cache: DenyCache,
+    #[cfg(feature = "redis")]
+    coordinated: Option<super::coordinated::Coordinated>,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("policy", &self.policy.is_some())
+            .field("deny_cache", &self.deny_cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// Starts configuring a layer.
+    pub fn builder() -> RateLimitLayerBuilder {
+        Builder::with(
+            "default",
+            Settings {
+                key: KeySource::Sync(Arc::new(Global)),
+                policy: None,
+                cost: None,
+                refund: Arc::new(|status, _| status == StatusCode::NOT_MODIFIED),
+                on_rejection: Arc::new(default_rejection),
+                deny_cache: DenyCache::new(),
+                #[cfg(feature = "redis")]
+                coordinated: None,
+            },
+        )
+    }
+
+    /// Answers in the inner service's own response body type instead of a
+    /// [`ResponseBody`](crate::ResponseBody): the limiter's answers are made
+    /// with `From<Bytes>`, so the inner body must allow it (axum's `Body`
+    /// does).
+    ///
+    /// For axum, recommended: axum boxes every response body that is not
+    /// its own `Body`, so the default mode costs one allocation and one
+    /// indirection per response. Headers, refunds and answers are the same
+    /// in both modes. The returned layer keeps this one's limiter: its clones
+    /// and this layer's other clones limit together.
+    ///
+    /// The inner service is what the layer wraps: with axum's
+    /// `Router::layer` that is always a route, whose body is axum's. In a
+    /// `ServiceBuilder`, a layer below this one that wraps bodies in a type
+    /// of its own (such as this crate's `ConcurrencyLimitLayer`) makes the
+    /// stack fail to compile here (its body is not `From<Bytes>`): keep the
+    /// default mode there.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tower_ratelimit::{key::PeerIp, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+    ///     .key(PeerIp::new())
+    ///     .build()
+    ///     .unwrap()
+    ///     .inner_body();
+    /// let app: axum::Router = axum::Router::new()
+    ///     .route("/", axum::routing::get(|| async { "ok" }))
+    ///     .layer(layer);
+    /// ```
+    #[must_use]
+    pub fn inner_body(self) -> RateLimitLayer<InnerBody> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            body: PhantomData,
+        }
+    }
+}
+
+impl<M> RateLimitLayer<M> {
+    /// Reads the caller's state without charging, with this layer's key, policy
+    /// and store (e.g. for a GitHub-style `GET /rate_limit`). `Ok(None)` when the
+    /// request is exempt.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// # use tower_ratelimit::{Quota, RateLimitLayer};
+    /// # tokio_test_block_on(async {
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+    ///     .build()
+    ///     .unwrap();
+    /// let (parts, ()) = http::Request::new(()).into_parts();
+    /// let status = layer.status(&parts).await.unwrap().unwrap();
+    /// assert_eq!(status.decision.statuses()[0].remaining, 60);
+    /// # });
+    /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    /// # }
+    /// ```
+    pub fn status(
+        &self,
+        parts: &Parts,
+    ) -> impl Future<Output = Result<Option<Status>, StatusError>> + Send + 'static {
+        self.limiter
+            .clone()
+            .status(super::limiter::clone_head(parts))
+    }
+
+    /// Opens the store's connections now, so the first requests do not wait
+    /// for them (see [`Store::connect`](crate::store::Store::connect)). Call
+    /// it before serving; on failure the layer still works, connecting on use.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{store::RedisStore, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
+    ///     .store(RedisStore::new("rediss://redis.internal:6380")?)
+    ///     .build()?;
+    /// if let Err(e) = layer.connect().await {
+    ///     tracing::warn!(error = %e, "rate limit store not reachable yet");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(&self) -> Result<(), crate::StoreError> {
+        self.limiter.store.connect().await
+    }
+
+    /// Coordinated mode: runs one sync now (report counts, read the fleet's,
+    /// set ratios) at the layer's clock time. The background task does this
+    /// every interval; call it yourself with [`Coordinated::manual_sync`](crate::Coordinated::manual_sync).
+    /// Without the coordinated mode it does nothing.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub async fn sync_now(&self) -> Result<(), crate::StoreError> {
+        match &self.limiter.coordinator {
+            Some(c) => c.sync(self.limiter.clock.now_ms()).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl<S, M> Layer<S> for RateLimitLayer<M> {
+    type Service = RateLimit<S, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, self.limiter.clone())
+    }
+}
+
+impl<M> fmt::Debug for RateLimitLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("name", &self.limiter.namespace.name())
+            .field("body", &std::any::type_name::<M>())
+            .field("headers", &self.limiter.headers)
+            .field("on_store_error", &self.limiter.guard.policy)
+            .field("store_timeout", &self.limiter.store_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder<Settings> {
+    /// One quota for every request.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn quota(self, quota: Quota) -> Self {
+        self.policy(Policy::new(quota))
+    }
+
+    /// Several quotas for every request, charged all or nothing.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
+    /// let n = |n| NonZeroU32::new(n).unwrap();
+    /// let policy = Policy::new(Quota::per_second(n(10))).and(Quota::per_hour(n(1000))).unwrap();
+    /// let layer = RateLimitLayer::builder().policy(policy).build().unwrap();
+    /// ```
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.kind.policy = Some(PolicySource::Static(policy));
+        self
+    }
+
+    /// A policy per request, e.g. tiers by key: 60/h anonymous, 5000/h authenticated.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
+    /// let anon = Policy::new(Quota::per_hour(NonZeroU32::new(60).unwrap()));
+    /// let auth = Policy::new(Quota::per_hour(NonZeroU32::new(5000).unwrap()));
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy_fn(move |parts, _key| {
+    ///         if parts.headers.contains_key("authorization") { auth.clone() } else { anon.clone() }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn policy_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts, &Key) -> Policy + Send + Sync + 'static,
+    {
+        self.kind.policy = Some(PolicySource::Sync(Arc::new(f)));
+        self
+    }
+
+    /// A policy looked up asynchronously (e.g. an API key's plan in a database or
+    /// cache). The closure gets the head by reference and must return a future
+    /// that owns what it needs. Only users of this path pay for its boxing.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy_async(|_parts, _key| async {
+    ///         // e.g. let plan = db.plan_for(key).await?;
+    ///         Ok(Policy::new(Quota::per_hour(NonZeroU32::new(5000).unwrap())))
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn policy_async<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts, Key) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Policy, KeyError>> + Send + 'static,
+    {
+        self.kind.policy = Some(PolicySource::Async(Arc::new(move |p: &Parts, k: Key| {
+            Box::pin(f(p, k)) as _
+        })));
+        self
+    }
+
+    /// How to find the client's key (default: one global key). See [`crate::key`].
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{key::ClientIp, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .key(ClientIp::new().trust_cidr("10.0.0.0/8".parse().unwrap()))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn key(mut self, extractor: impl KeyExtractor) -> Self {
+        self.kind.key = KeySource::Sync(Arc::new(extractor));
+        self
+    }
+
+    /// Finds the key asynchronously (e.g. resolving a session id). `Ok(None)` exempts the request.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{key::Key, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .key_async(|parts| {
+    ///         let session = parts.headers.get("cookie").cloned();
+    ///         async move { Ok(session.map(|s| Key::secret(s.as_bytes()))) }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn key_async<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<Key>, KeyError>> + Send + 'static,
+    {
+        self.kind.key = KeySource::Async(Arc::new(move |p: &Parts| Box::pin(f(p)) as _));
+        self
+    }
+
+    /// The cost of a request (default 1). A cost above a quota's limit is
+    /// always rejected; a cost of 0 is admitted without spending.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_minute(NonZeroU32::new(100).unwrap()))
+    ///     .cost(|parts| if parts.uri.path().starts_with("/search") { 10 } else { 1 })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn cost<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+    {
+        self.kind.cost = Some(Arc::new(f));
+        self
+    }
+
+    /// Which responses are free: their cost is refunded (default: `304 Not Modified`).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use http::StatusCode;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(1).unwrap()))
+    ///     .refund_if(|status, _headers| status == StatusCode::NOT_MODIFIED || status.is_server_error())
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn refund_if<F>(mut self, f: F) -> Self
+    where
+        F: Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    {
+        self.kind.refund = Arc::new(f);
+        self
+    }
+
+    /// Replaces the 429 response (the rate-limit headers are still added to it).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use bytes::Bytes;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(1).unwrap()))
+    ///     .on_rejection(|_r| {
+    ///         http::Response::builder().status(429).body(Bytes::from("slow down")).unwrap()
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn on_rejection<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.kind.on_rejection = Arc::new(f);
+        self
+    }
+
+    /// The local deny cache (default [`DenyCache::new`], used with network stores only).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{DenyCache, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
+    ///     .deny_cache(DenyCache::disabled())
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn deny_cache(mut self, cache: DenyCache) -> Self {
+        self.kind.deny_cache = cache;
+        self
+    }
+
+    /// Coordinated mode: decide locally with a per-key drop ratio computed out of
+    /// band from fleet-wide counts in Redis — no store call on the request
+    /// path; approximate limits that lag traffic by one or two sync intervals.
+    /// See [`Coordinated`](crate::Coordinated). The layer's `store` is not used in this mode.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{store::RedisStore, Coordinated, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(1000).unwrap()))
+    ///     .coordinated(Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn coordinated(mut self, coordinated: super::coordinated::Coordinated) -> Self {
+        self.kind.coordinated = Some(coordinated);
+        self
+    }
+
+    /// Checks the configuration and builds the layer.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        let Builder { common, kind } = self;
+        common.check()?;
+        let policy = kind.policy.ok_or_else(|| {
+            ConfigError::new(
+                "no quota configured: call .quota(), .policy(), .policy_fn() or .policy_async()",
+            )
+        })?;
+        let store = common.store();
+        let namespace = Namespace::new(&common.name);
+        #[cfg(feature = "redis")]
+        let coordinator = match kind.coordinated {
+            Some(c) => Some(Arc::new(super::coordinated::Coordinator::new(
+                c.check()?,
+                namespace.clone(),
+                common.clock.clone(),
+            ))),
+            None => None,
+        };
+        let fallback =
+            matches!(common.on_store_error, OnStoreError::Local { .. }).then(MemoryStore::new);
+        // The memory store answers locally: a deny cache in front of it only costs.
+        let denials = if store.is_local() {
+            None
+        } else {
+            Denials::new(kind.deny_cache)
+        };
+        let guard = Guard::new(
+            &common.name,
+            "rate limit",
+            common.on_store_error,
+            common.breaker,
+            store.failure_domains(),
+            common.clock.clone(),
+        );
+        Ok(RateLimitLayer {
+            limiter: Arc::new(Limiter {
+                namespace,
+                store,
+                clock: common.clock,
+                key: kind.key,
+                policy,
+                cost: kind.cost,
+                headers: common.headers,
+                refund: kind.refund,
+                on_rejection: kind.on_rejection,
+                on_key_error: common.on_key_error,
+                store_timeout: common.store_timeout,
+                shadow: common.shadow,
+                guard,
+                denials,
+                fallback,
+                metrics: Default::default(),
+                #[cfg(feature = "redis")]
+                coordinator,
+            }),
+            body: PhantomData,
+        })
+    }
+}

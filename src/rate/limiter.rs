@@ -1,0 +1,548 @@
+//! The rate limiter every clone of a layer shares, and its one decision
+//! pipeline: resolve the request's key and policy (at once, or through the
+//! application's async lookups), charge the store (bounded by the store
+//! timeout, behind the circuit breaker and the deny cache), and turn the
+//! answer into forwarding the request or answering it. The response future
+//! only drives it; [`Limiter::status`] uses the same resolution.
+
+use super::deny_cache::Denials;
+use super::response::Rejection;
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::failure::{self, Guard, Log, OnStoreError};
+use crate::grpc;
+use crate::headers::{self, HeaderStyle};
+use crate::key::{Key, KeyError, KeyExtractor};
+use crate::later::{BoxFuture, Later};
+use crate::metrics::{StoreMetrics as Metrics, RATE_LIMIT};
+use crate::problem;
+use crate::quota::Policy;
+use crate::store::{Charge, MemoryStore, Namespace, Refund, Store};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Response, StatusCode};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+pub(crate) type AsyncKeyFn =
+    dyn Fn(&Parts) -> BoxFuture<Result<Option<Key>, KeyError>> + Send + Sync;
+pub(crate) type PolicyFn = dyn Fn(&Parts, &Key) -> Policy + Send + Sync;
+pub(crate) type AsyncPolicyFn =
+    dyn Fn(&Parts, Key) -> BoxFuture<Result<Policy, KeyError>> + Send + Sync;
+pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
+pub(crate) type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
+pub(crate) type KeyErrorFn = crate::builder::KeyErrorFn;
+
+pub(crate) enum KeySource {
+    Sync(Arc<dyn KeyExtractor>),
+    Async(Arc<AsyncKeyFn>),
+}
+
+pub(crate) enum PolicySource {
+    Static(Policy),
+    Sync(Arc<PolicyFn>),
+    Async(Arc<AsyncPolicyFn>),
+}
+
+pub(crate) struct Limiter {
+    pub(crate) namespace: Namespace,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) key: KeySource,
+    pub(crate) policy: PolicySource,
+    pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) headers: HeaderStyle,
+    pub(crate) refund: Arc<RefundFn>,
+    pub(crate) on_rejection: Arc<RejectionFn>,
+    pub(crate) on_key_error: Arc<KeyErrorFn>,
+    pub(crate) store_timeout: Duration,
+    pub(crate) shadow: bool,
+    pub(crate) guard: Guard,
+    pub(crate) denials: Option<Denials>,
+    /// The in-process store used by [`OnStoreError::Local`].
+    pub(crate) fallback: Option<MemoryStore>,
+    pub(crate) metrics: OnceLock<Metrics>,
+    /// The coordinated mode, when configured: decisions without store calls.
+    #[cfg(feature = "redis")]
+    pub(crate) coordinator: Option<Arc<super::coordinated::Coordinator>>,
+}
+
+/// What a request is limited under.
+pub(crate) enum Resolution {
+    /// Not limited at all.
+    Exempt,
+    /// Its key and policy.
+    Found(Key, Policy),
+    /// Its key could not be found.
+    Failed(KeyError),
+}
+
+/// What happens to a request: forwarded with what it was charged, if it
+/// was (its headers and refund come from it), or answered.
+pub(crate) type Verdict = crate::later::Verdict<Option<Charged>>;
+
+/// What an admitted request was charged: enough to add headers and to refund.
+#[derive(Debug)]
+pub(crate) struct Charged {
+    key: Key,
+    policy: Policy,
+    cost: u64,
+    now_ms: u64,
+    decision: Decision,
+    /// Where the charge went, so a refund goes to the same place.
+    to: ChargedTo,
+}
+
+/// Where a request was charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChargedTo {
+    /// The configured store.
+    Store,
+    /// The in-process fallback store ([`OnStoreError::Local`]).
+    Local,
+    /// Nowhere that takes refunds (the coordinated mode counts offered load).
+    #[cfg(feature = "redis")]
+    Nowhere,
+}
+
+/// A request's verdict: there at once (the memory store's answer, the deny
+/// cache, an open breaker), or still to come (a network store, an async
+/// key or policy lookup).
+pub(crate) type Deciding = Later<Verdict>;
+
+/// A charge's inputs, kept while its answer comes.
+struct Asked {
+    key: Key,
+    policy: Policy,
+    cost: u64,
+    now_ms: u64,
+    grpc: bool,
+}
+
+/// Where a charge's answer came from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The store, the call the breaker let through; `started` when it had to wait.
+    Store(failure::Permit, Option<Instant>),
+    /// The local deny cache, or the open breaker: nothing to record.
+    Local,
+    /// The coordinated mode's local drop ratio (no store call).
+    #[cfg(feature = "redis")]
+    Coordinated,
+}
+
+impl Limiter {
+    pub(crate) fn metrics(&self) -> &Metrics {
+        self.metrics
+            .get_or_init(|| Metrics::new(&RATE_LIMIT, self.namespace.name()))
+    }
+
+    fn call<'a>(&'a self, key: &'a Key, policy: &'a Policy, cost: u64, now_ms: u64) -> Charge<'a> {
+        Charge {
+            namespace: &self.namespace,
+            key,
+            policy,
+            cost,
+            now_ms,
+            timeout: self.store_timeout,
+        }
+    }
+
+    /// The request's key and policy, at once when both are synchronous.
+    fn resolve(&self, parts: &Parts) -> Result<Resolution, BoxFuture<Resolution>> {
+        let key = match &self.key {
+            KeySource::Sync(k) => k.extract(parts),
+            KeySource::Async(f) => {
+                let key = f(parts);
+                let policy = self.policy_later(parts);
+                return Err(Box::pin(async move {
+                    match key.await {
+                        Ok(Some(key)) => match policy(key).await {
+                            Ok(p) => Resolution::Found(key, p),
+                            Err(e) => Resolution::Failed(e),
+                        },
+                        Ok(None) => Resolution::Exempt,
+                        Err(e) => Resolution::Failed(e),
+                    }
+                }));
+            }
+        };
+        let key = match key {
+            Ok(Some(key)) => key,
+            Ok(None) => return Ok(Resolution::Exempt),
+            Err(e) => return Ok(Resolution::Failed(e)),
+        };
+        match &self.policy {
+            PolicySource::Static(p) => Ok(Resolution::Found(key, p.clone())),
+            PolicySource::Sync(f) => Ok(Resolution::Found(key, f(parts, &key))),
+            PolicySource::Async(f) => {
+                let policy = f(parts, key);
+                Err(Box::pin(async move {
+                    match policy.await {
+                        Ok(p) => Resolution::Found(key, p),
+                        Err(e) => Resolution::Failed(e),
+                    }
+                }))
+            }
+        }
+    }
+
+    /// For an async key: how its policy is found once it is known.
+    fn policy_later(
+        &self,
+        parts: &Parts,
+    ) -> Box<dyn FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> + Send> {
+        match &self.policy {
+            PolicySource::Static(p) => {
+                let p = p.clone();
+                Box::new(move |_| Box::pin(std::future::ready(Ok(p))))
+            }
+            PolicySource::Sync(f) => {
+                let (f, head) = (f.clone(), clone_head(parts));
+                Box::new(move |k| Box::pin(std::future::ready(Ok(f(&head, &k)))))
+            }
+            PolicySource::Async(f) => {
+                let (f, head) = (f.clone(), clone_head(parts));
+                Box::new(move |k| f(&head, k))
+            }
+        }
+    }
+
+    /// The whole path of one request to its verdict.
+    pub(crate) fn decide(self: &Arc<Self>, parts: &Parts) -> Deciding {
+        let grpc = grpc::is_grpc(parts);
+        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+        match self.resolve(parts) {
+            Ok(resolution) => self.charge(resolution, cost, grpc),
+            Err(later) => {
+                let this = self.clone();
+                Later::pending(async move {
+                    let resolution = later.await;
+                    this.charge(resolution, cost, grpc).await
+                })
+            }
+        }
+    }
+
+    /// Makes the one store call of a request (or answers from the
+    /// coordinated mode, the deny cache or the open breaker without one).
+    fn charge(self: &Arc<Self>, resolution: Resolution, cost: u64, grpc: bool) -> Deciding {
+        let (key, policy) = match resolution {
+            Resolution::Found(key, policy) => (key, policy),
+            Resolution::Exempt => {
+                self.metrics().exempt.increment(1);
+                return Later::Now(Some(Verdict::Forward(None)));
+            }
+            Resolution::Failed(e) => {
+                return Later::Now(Some(Verdict::Answer(self.key_error(&e, grpc))));
+            }
+        };
+        let now_ms = self.clock.now_ms();
+        let asked = Asked {
+            key,
+            policy,
+            cost,
+            now_ms,
+            grpc,
+        };
+        #[cfg(feature = "redis")]
+        if let Some(c) = &self.coordinator {
+            let decision = c.decide(&asked.key, &asked.policy, cost, now_ms);
+            return Later::Now(Some(self.verdict(asked, Source::Coordinated, Ok(decision))));
+        }
+        if let Some(denials) = &self.denials {
+            if let Some((decision, policy)) =
+                denials.check(&asked.key, cost, self.clock.monotonic())
+            {
+                self.metrics().deny_cache_hits.increment(1);
+                let asked = Asked { policy, ..asked };
+                return Later::Now(Some(self.verdict(asked, Source::Local, Ok(decision))));
+            }
+        }
+        let domain = self.store.failure_domain(&self.namespace, &asked.key);
+        let permit = match self.guard.admit(domain, self.metrics()) {
+            Ok(permit) => permit,
+            Err(open) => return Later::Now(Some(self.verdict(asked, Source::Local, Err(open)))),
+        };
+        let mut fut = self
+            .store
+            .charge(&self.call(&asked.key, &asked.policy, cost, now_ms));
+        if let Some(result) = fut.now_or_never() {
+            return Later::Now(Some(self.verdict(
+                asked,
+                Source::Store(permit, None),
+                result,
+            )));
+        }
+        let this = self.clone();
+        Later::pending(async move {
+            let started = Instant::now();
+            let result = failure::within(this.store_timeout, fut).await;
+            this.verdict(asked, Source::Store(permit, Some(started)), result)
+        })
+    }
+
+    /// Turns a charge's answer into what happens to the request. A rejection
+    /// is built from this one answer only.
+    fn verdict(
+        &self,
+        asked: Asked,
+        source: Source,
+        result: Result<Decision, StoreError>,
+    ) -> Verdict {
+        let m = self.metrics();
+        if let Source::Store(permit, started) = source {
+            if let Some(t) = started {
+                m.decide_duration.record(t.elapsed().as_secs_f64());
+            }
+            self.guard.record(permit, &result, m);
+        }
+        match result {
+            Ok(decision) if decision.is_allowed() => {
+                m.allowed.increment(1);
+                let to = match source {
+                    #[cfg(feature = "redis")]
+                    Source::Coordinated => ChargedTo::Nowhere,
+                    _ => ChargedTo::Store,
+                };
+                Verdict::Forward(Some(self.charged(asked, decision, to)))
+            }
+            Ok(decision) => {
+                let cached = matches!(source, Source::Local);
+                self.reject(asked, decision, !cached && self.caches(source))
+            }
+            Err(err) => self.store_failed(asked, err),
+        }
+    }
+
+    /// Whether a rejection from `source` may go into the deny cache: one the
+    /// store made (a coordinated drop is random: the next may pass).
+    fn caches(&self, source: Source) -> bool {
+        matches!(source, Source::Store(..))
+    }
+
+    fn charged(&self, asked: Asked, decision: Decision, to: ChargedTo) -> Charged {
+        Charged {
+            key: asked.key,
+            policy: asked.policy,
+            cost: asked.cost,
+            now_ms: asked.now_ms,
+            decision,
+            to,
+        }
+    }
+
+    fn reject(&self, asked: Asked, decision: Decision, cache: bool) -> Verdict {
+        let m = self.metrics();
+        let name = asked
+            .policy
+            .quotas()
+            .get(decision.binding())
+            .map(|q| q.name())
+            .unwrap_or_default();
+        if self.shadow {
+            m.shadow_rejected.increment(1);
+            self.guard.log.event(Log::Rejected, || {
+                tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit would reject (shadow mode: admitted)");
+            });
+            return Verdict::Forward(None);
+        }
+        m.rejected.increment(1);
+        if cache {
+            if let Some(d) = &self.denials {
+                d.insert(
+                    asked.key,
+                    asked.cost,
+                    &decision,
+                    &asked.policy,
+                    self.clock.monotonic(),
+                );
+            }
+        }
+        self.guard.log.event(Log::Rejected, || {
+            tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
+        });
+        let rejection = Rejection {
+            decision: &decision,
+            policy_name: &name,
+        };
+        let mut res = if asked.grpc {
+            let retry = rejection
+                .retry_after_secs()
+                .map(|_| decision.retry_after_ms().max(1));
+            grpc::error(grpc::RESOURCE_EXHAUSTED, &rejection.detail(), retry)
+        } else {
+            (self.on_rejection)(&rejection)
+        };
+        headers::apply(
+            self.headers,
+            &asked.policy,
+            &decision,
+            asked.now_ms,
+            res.headers_mut(),
+        );
+        Verdict::Answer(res)
+    }
+
+    fn store_failed(&self, asked: Asked, err: StoreError) -> Verdict {
+        let unavailable = || {
+            Verdict::Answer(problem::unavailable(
+                asked.grpc,
+                1,
+                "the rate limiter cannot reach its store",
+            ))
+        };
+        match self.guard.failed(&err, self.metrics()) {
+            OnStoreError::FailOpen => Verdict::Forward(None),
+            OnStoreError::FailClosed => unavailable(),
+            OnStoreError::Local { fraction } => {
+                let Some(local) = &self.fallback else {
+                    return unavailable();
+                };
+                let policy = asked.policy.scaled(fraction);
+                let decision = local
+                    .charge(&self.call(&asked.key, &policy, asked.cost, asked.now_ms))
+                    .now_or_never();
+                let asked = Asked { policy, ..asked };
+                match decision {
+                    Some(Ok(d)) if d.is_allowed() => {
+                        Verdict::Forward(Some(self.charged(asked, d, ChargedTo::Local)))
+                    }
+                    // Decided without the store: never cached.
+                    Some(Ok(d)) => self.reject(asked, d, false),
+                    _ => unavailable(),
+                }
+            }
+        }
+    }
+
+    fn key_error(&self, err: &KeyError, grpc: bool) -> Response<Bytes> {
+        self.metrics().key_error.increment(1);
+        self.guard.log.event(Log::KeyError, || {
+            tracing::error!(limiter = self.namespace.name(), error = %err, "rate limit key extraction failed");
+        });
+        if grpc {
+            return grpc::error(grpc::INTERNAL, &err.to_string(), None);
+        }
+        (self.on_key_error)(err)
+    }
+
+    /// After the inner service answered: refund if the response is free, then
+    /// write the headers (showing the refunded remaining).
+    pub(crate) fn finish(
+        self: &Arc<Self>,
+        mut charged: Charged,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+    ) {
+        // A zero cost spent nothing: there is nothing to give back.
+        if charged.cost > 0 && (self.refund)(status, headers) {
+            self.refund(&charged);
+            for s in charged.decision.statuses_mut() {
+                *s = s.refunded(charged.cost);
+            }
+        }
+        headers::apply(
+            self.headers,
+            &charged.policy,
+            &charged.decision,
+            charged.now_ms,
+            headers,
+        );
+    }
+
+    /// Gives a charge back, off the response path.
+    fn refund(self: &Arc<Self>, c: &Charged) {
+        let store: &dyn Store = match (&self.fallback, c.to) {
+            #[cfg(feature = "redis")]
+            (_, ChargedTo::Nowhere) => return,
+            (Some(local), ChargedTo::Local) => local,
+            _ => &*self.store,
+        };
+        let fut = store.refund(&Refund {
+            charge: self.call(&c.key, &c.policy, c.cost, c.now_ms),
+            decision: &c.decision,
+        });
+        let this = self.clone();
+        if !failure::off_path(fut, self.store_timeout, move |result, started| {
+            if let Err(err) = this.metrics().off_path_done(result, started) {
+                this.guard.log.event(Log::StoreError, || {
+                    tracing::warn!(limiter = this.namespace.name(), error = %err, kind = err.kind(), "rate limit refund failed; the charge stands");
+                });
+            }
+        }) {
+            tracing::warn!("no tokio runtime to run a refund on; the charge stands");
+        }
+    }
+
+    /// The caller's state without charging: the same key and policy the
+    /// request path resolves, read from the store.
+    pub(crate) async fn status(
+        self: Arc<Self>,
+        parts: Parts,
+    ) -> Result<Option<Status>, StatusError> {
+        let resolution = match self.resolve(&parts) {
+            Ok(r) => r,
+            Err(later) => later.await,
+        };
+        let (key, policy) = match resolution {
+            Resolution::Found(key, policy) => (key, policy),
+            Resolution::Exempt => return Ok(None),
+            Resolution::Failed(e) => return Err(StatusError::Key(e)),
+        };
+        let now_ms = self.clock.now_ms();
+        let decision = failure::within(
+            self.store_timeout,
+            self.store.status(&self.call(&key, &policy, 0, now_ms)),
+        )
+        .await
+        .map_err(StatusError::Store)?;
+        Ok(Some(Status {
+            policy,
+            decision,
+            now_ms,
+        }))
+    }
+}
+
+/// Copies a request head (without extensions that cannot be cloned) for an async policy lookup.
+pub(crate) fn clone_head(parts: &Parts) -> Parts {
+    let mut b = http::Request::builder()
+        .method(parts.method.clone())
+        .uri(parts.uri.clone())
+        .version(parts.version);
+    if let Some(h) = b.headers_mut() {
+        *h = parts.headers.clone();
+    }
+    let (mut p, ()) = b
+        .body(())
+        .map(|r| r.into_parts())
+        .unwrap_or_else(|_| http::Request::new(()).into_parts());
+    p.extensions = parts.extensions.clone();
+    p
+}
+
+/// A caller's rate-limit state, read without charging.
+#[derive(Debug, Clone)]
+pub struct Status {
+    /// The policy that applies to the caller.
+    pub policy: Policy,
+    /// Every quota's state.
+    pub decision: Decision,
+    /// The time the state was read at (Unix ms).
+    pub now_ms: u64,
+}
+
+/// Why [`RateLimitLayer::status`](crate::RateLimitLayer::status) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatusError {
+    /// The caller's key could not be extracted.
+    #[error(transparent)]
+    Key(KeyError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(StoreError),
+}

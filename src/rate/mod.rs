@@ -1,0 +1,42 @@
+//! The request rate limit: [`RateLimitLayer`] charges each request against
+//! its client's quotas, in this process's memory or in a store the whole
+//! fleet shares, and answers `429 Too Many Requests` past them.
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use axum::{routing::get, Router};
+//! use tower_ratelimit::{key::PeerIp, Quota, RateLimitLayer};
+//!
+//! let limit = RateLimitLayer::builder()
+//!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+//!     .key(PeerIp::new())
+//!     .build()?;
+//! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(limit);
+//! # Ok::<(), tower_ratelimit::ConfigError>(())
+//! ```
+//!
+//! One request's path: [`RateLimit`] (the service) starts a
+//! [`ResponseFuture`], which drives the limiter's one decision pipeline
+//! (`limiter.rs`: key, policy, one store call, verdict) and then the inner
+//! service; the response gets the headers of that same store read, and a
+//! free response (a `304`) is refunded.
+
+mod body;
+#[cfg(feature = "redis")]
+mod coordinated;
+mod deny_cache;
+mod future;
+mod layer;
+mod limiter;
+mod response;
+mod service;
+
+pub use body::{BodyMode, InnerBody, WrapBody};
+#[cfg(feature = "redis")]
+pub use coordinated::Coordinated;
+pub use deny_cache::DenyCache;
+pub use future::ResponseFuture;
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Settings};
+pub use limiter::{Status, StatusError};
+pub use response::{default_rejection, Rejection};
+pub use service::RateLimit;

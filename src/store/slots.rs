@@ -1,0 +1,94 @@
+//! What a concurrency limit asks of a store: slots, one per request in
+//! flight, each leased so that a crashed instance's slots stop counting.
+
+use crate::key::Key;
+use crate::store::Namespace;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// One request's slot id: unique across instances and requests.
+///
+/// A random 64-bit instance id (drawn once per process) and a per-process counter.
+///
+/// ```
+/// use tower_ratelimit::store::SlotId;
+/// assert_ne!(SlotId::next(), SlotId::next());
+/// assert_eq!(SlotId::next().to_string().len(), 33);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlotId {
+    instance: u64,
+    seq: u64,
+}
+
+impl SlotId {
+    /// A fresh id.
+    pub fn next() -> Self {
+        static INSTANCE: OnceLock<u64> = OnceLock::new();
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        Self {
+            instance: *INSTANCE.get_or_init(|| fastrand::u64(..)),
+            seq: SEQ.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+impl fmt::Display for SlotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}-{:016x}", self.instance, self.seq)
+    }
+}
+
+impl fmt::Debug for SlotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SlotId({self})")
+    }
+}
+
+/// One attempt to take a slot: at most `limit` slots per key, each leased until
+/// `now_ms + lease`.
+#[derive(Debug)]
+pub struct Acquire<'a> {
+    /// The limiter.
+    pub namespace: &'a Namespace,
+    /// The client.
+    pub key: &'a Key,
+    /// This request's slot.
+    pub id: SlotId,
+    /// Slots a key may hold at once.
+    pub limit: u64,
+    /// The application's time, Unix ms.
+    pub now_ms: u64,
+    /// How long the slot counts if it is never released (a crashed instance).
+    pub lease: Duration,
+    /// How long the store may take to answer.
+    pub timeout: Duration,
+}
+
+/// Gives a slot back.
+#[derive(Debug)]
+pub struct Release<'a> {
+    /// The limiter.
+    pub namespace: &'a Namespace,
+    /// The client.
+    pub key: &'a Key,
+    /// The slot acquired (or perhaps acquired) for the request.
+    pub id: SlotId,
+    /// The application's time, Unix ms.
+    pub now_ms: u64,
+    /// The lease of the acquire (how long a late acquire must be refused).
+    pub lease: Duration,
+    /// How long the store may take to answer.
+    pub timeout: Duration,
+}
+
+/// What an acquire found, from the same atomic step that decided it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Whether the slot was taken.
+    pub acquired: bool,
+    /// Slots held for the key (unexpired), including this one if it was taken.
+    pub in_flight: u64,
+}
