@@ -19,7 +19,7 @@
 //!   the system clock).
 //!
 //! Every quota is large enough that every decision admits: the steady-state
-//! cost of an allowed request is what the targets are about.
+//! cost of an allowed request is what the performance targets are about.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};

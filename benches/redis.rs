@@ -245,7 +245,7 @@ fn main() {
     }
     // The store's own charge script as src/store/redis/scripts.rs assembles
     // it for fixed-window policies, and the standalone fixed-window script the
-    // issue's reference figures are for.
+    // performance targets' reference figures are for.
     let charge = concat!(
         include_str!("../lua/prelude.lua"),
         include_str!("../lua/fixed_window.lua"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end benchmark (issue 8): the axum hello world with no limiter (and
+# End-to-end benchmark: the axum hello world with no limiter (and
 # with no limiter but four constant rate-limit headers, what their bytes cost
 # by themselves), with tower_governor (without and with its rate-limit headers), with this crate
 # on memory and on Redis (each with and without headers), and with two
@@ -22,7 +22,7 @@
 # (everything rejected) shows Redis commands per rejection with and without
 # the deny cache. Prints Markdown tables of medians, with ratios to the
 # no-limiter baseline of the same run, and of each round to its own baseline,
-# then each of issue 8's targets with what this run measured for it and
+# then each of the targets in docs/performance.md with what this run measured for it and
 # whether it was met (a target whose variants did not run is left out).
 # .ci/run runs it once, short, to show it still runs and reports every target.
 # The report is scripts/bench_report.py (checked by scripts/bench_report_test.py).
@@ -207,8 +207,8 @@ done
 
 BASE=$(awk '$1 == "sat" && $3 == "none" {print $4}' "$RESULTS" | sort -n |
   awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
-# Fractions of the no-limiter median to offer at a fixed rate (the issue asks
-# for half; a quarter shows the added latency where every variant keeps up).
+# Fractions of the no-limiter median to offer at a fixed rate (half is the
+# documented target; a quarter shows the added latency where every variant keeps up).
 for frac in ${FIXED_FRACTIONS:-0.5 0.25}; do
   RATE=$(awk -v b="$BASE" -v f="$frac" 'BEGIN {printf "%d", b * f}')
   echo "fixed rate: $RATE req/s ($frac of the no-limiter median), ${FIXED_SECS}s per variant" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The report of scripts/bench.sh: Markdown tables of the medians of its
 results file, ratios to the no-limiter baseline, the fixed-rate latencies,
-the hammering client, and issue 8's targets with their verdicts.
+the hammering client, and the performance targets with their verdicts.
 
     python3 scripts/bench_report.py RESULTS MACHINE ROUNDS SECS FIXED_SECS CONNS STEAL
 
@@ -125,7 +125,7 @@ for label, reqs, non2xx, cmds in ham:
     print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
           f"{int(cmds)} Redis commands ({cmds / max(non2xx, 1):.4f} per rejected request).")
 
-# Issue 8's targets, each from what this run measured. A variant that did not
+# The performance targets, each from what this run measured. A variant that did not
 # run leaves its target out; every measured variant must meet a target for
 # "met", and "met ... only" names those that do when only some do. Values
 # are judged as printed (rounded to the digits shown).
@@ -165,7 +165,7 @@ on = [cmds / max(non2xx, 1) for label, reqs, non2xx, cmds in ham if label == "de
 target("hammering client, deny cache on: Redis commands per rejection near 0 (below 0.001)",
        [("measured", on[0] if on else None)], lambda x: x < 0.001, lambda x: f"{x:.4f}")
 if targets:
-    print("\nIssue 8's targets, from this run (ratios are medians of each round against its own baseline):\n")
+    print("\nThe targets, from this run (ratios are medians of each round against its own baseline):\n")
     print("| target | measured | verdict |")
     print("|---|---|---|")
     for name, shown, result in targets:

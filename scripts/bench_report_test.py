@@ -36,7 +36,7 @@ def targets(lines, rounds):
     finally:
         os.unlink(f.name)
     rows = {}
-    after = out.split("Issue 8's targets", 1)
+    after = out.split("The targets, from this run", 1)
     if len(after) < 2:
         return rows
     for line in after[1].splitlines():

@@ -14,8 +14,10 @@
 //! Each shard is an `IndexMap` behind a short lock: a lookup by key and a
 //! pick at random are both O(1).
 
+use foldhash::fast::RandomState;
+use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
 use indexmap::IndexMap;
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::{BuildHasher, Hash};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// How many entries a full shard looks at to choose one to drop.
@@ -49,18 +51,9 @@ pub(crate) struct Bounded<K, V: Entry> {
 }
 
 struct Shard<K, V: Entry> {
-    map: IndexMap<K, V>,
+    map: IndexMap<K, V, RandomState>,
     /// When the last full sweep for expired entries ran.
     swept: Option<V::Now>,
-}
-
-impl<K, V: Entry> Default for Shard<K, V> {
-    fn default() -> Self {
-        Self {
-            map: IndexMap::new(),
-            swept: None,
-        }
-    }
 }
 
 impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
@@ -68,11 +61,21 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
     pub(crate) fn new(cap: usize, shards: usize) -> Self {
         let cap = cap.max(1);
         let n = shards.clamp(1, cap);
+        // One hasher for the shard choice and every shard's map: a key is
+        // hashed once per call.
+        let hasher = RandomState::default();
         Self {
-            shards: (0..n).map(|_| Mutex::default()).collect(),
+            shards: (0..n)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: IndexMap::with_hasher(hasher.clone()),
+                        swept: None,
+                    })
+                })
+                .collect(),
             // Rounded down: the map never holds more than `cap`.
             per_shard: cap / n,
-            hasher: RandomState::new(),
+            hasher,
         }
     }
 
@@ -82,13 +85,17 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
         self.per_shard * self.shards.len()
     }
 
-    fn shard(&self, key: &K) -> MutexGuard<'_, Shard<K, V>> {
-        let i = self.hasher.hash_one(key) as usize % self.shards.len();
+    /// `key`'s hash and its shard, locked. The shard is chosen by the
+    /// hash's high bits; the map within it uses the same hash.
+    fn shard(&self, key: &K) -> (u64, MutexGuard<'_, Shard<K, V>>) {
+        let hash = self.hasher.hash_one(key);
+        let i = (hash >> 32) as usize % self.shards.len();
         // Nothing in a critical section panics on client input; if something
         // else did, the entries are still consistent, so keep going.
-        self.shards[i]
+        let shard = self.shards[i]
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        (hash, shard)
     }
 
     /// Runs `f` on `key`'s entry (`None` when absent or expired), under
@@ -100,9 +107,13 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
         now: V::Now,
         f: impl FnOnce(Option<&mut V>) -> (R, Option<V>),
     ) -> (R, Made) {
-        let mut shard = self.shard(&key);
+        let (hash, mut shard) = self.shard(&key);
         let map = &mut shard.map;
-        let live = match map.get_index_of(&key) {
+        let found = map
+            .raw_entry_v1()
+            .from_hash_full(hash, |k| *k == key)
+            .map(|(i, _, _)| i);
+        let live = match found {
             Some(i) if map[i].expired(now) => {
                 map.swap_remove_index(i);
                 None
@@ -114,19 +125,32 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
             None => f(None),
         };
         let mut made = Made::default();
-        if let Some(v) = new {
-            if live.is_none() && shard.map.len() >= self.per_shard {
-                made.evicted = shard.make_room(now);
+        match (new, live) {
+            (Some(v), Some(i)) => shard.map[i] = v,
+            (Some(v), None) => {
+                if shard.map.len() >= self.per_shard {
+                    made.evicted = shard.make_room(now);
+                }
+                // Absent (it was looked up above): the slot is vacant.
+                if let RawEntryMut::Vacant(slot) =
+                    shard.map.raw_entry_mut_v1().from_hash(hash, |k| *k == key)
+                {
+                    slot.insert_hashed_nocheck(hash, key, v);
+                }
             }
-            shard.map.insert(key, v);
+            (None, _) => {}
         }
         (out, made)
     }
 
     /// A copy of what `f` reads of `key`'s entry, if it is there and live.
     pub(crate) fn read<R>(&self, key: &K, now: V::Now, f: impl FnOnce(&V) -> R) -> Option<R> {
-        let shard = self.shard(key);
-        shard.map.get(key).filter(|v| !v.expired(now)).map(f)
+        let (hash, shard) = self.shard(key);
+        let (_, v) = shard
+            .map
+            .raw_entry_v1()
+            .from_key_hashed_nocheck(hash, key)?;
+        (!v.expired(now)).then(|| f(v))
     }
 
     /// Keeps only the entries for which `f` says `true`, shard by shard.

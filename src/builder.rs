@@ -220,8 +220,10 @@ impl<K> Builder<K> {
     }
 
     /// Replaces the answer to a request whose key cannot be extracted
-    /// (default [`default_key_error`](crate::default_key_error)). gRPC calls
-    /// are answered with a gRPC status instead.
+    /// (default [`default_key_error`](crate::default_key_error): 400 when the
+    /// request lacks it, 500 when the application is misconfigured; see
+    /// [`KeyError::kind`](crate::key::KeyError::kind)). gRPC calls are
+    /// answered with a gRPC status instead: `INVALID_ARGUMENT` or `INTERNAL`.
     ///
     /// ```
     /// # use std::num::NonZeroU32;

@@ -9,6 +9,7 @@
 //! ```
 
 use smallvec::SmallVec;
+use std::num::NonZeroU64;
 
 /// The state of one quota after a decision, as the headers report it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,8 +35,9 @@ pub struct QuotaStatus {
     pub window_id: u64,
     /// `reset_ms` as it would be had this charge not been made: what the
     /// headers show after a refund, or when another quota rejected the
-    /// request. `None` keeps `reset_ms`.
-    pub uncharged_reset_ms: Option<u64>,
+    /// request. `None` keeps `reset_ms`. (A Unix time is never zero; the
+    /// `NonZeroU64` keeps the status small.)
+    pub uncharged_reset_ms: Option<NonZeroU64>,
 }
 
 impl QuotaStatus {
@@ -49,7 +51,7 @@ impl QuotaStatus {
     pub(crate) fn refunded(mut self, cost: u64) -> Self {
         self.remaining = self.remaining.saturating_add(cost).min(self.limit);
         if let Some(reset) = self.uncharged_reset_ms {
-            self.reset_ms = reset;
+            self.reset_ms = reset.get();
         }
         self
     }
@@ -70,15 +72,22 @@ pub enum RejectReason {
 pub struct Decision {
     allowed: bool,
     reason: Option<RejectReason>,
-    statuses: SmallVec<[QuotaStatus; 2]>,
+    statuses: Statuses,
 }
+
+/// Every quota's status of one decision: two fit without allocating.
+pub(crate) type Statuses = SmallVec<[QuotaStatus; 2]>;
 
 impl Decision {
     /// Builds a decision from per-quota statuses as each quota would stand after
     /// charging `cost` (in policy order). It is allowed only if every quota allows
     /// it; otherwise nothing is charged, and the statuses say so.
     pub fn from_statuses(statuses: impl IntoIterator<Item = QuotaStatus>, cost: u64) -> Self {
-        let mut statuses: SmallVec<[QuotaStatus; 2]> = statuses.into_iter().collect();
+        Self::of(statuses.into_iter().collect(), cost)
+    }
+
+    /// [`from_statuses`](Self::from_statuses) for statuses already collected.
+    pub(crate) fn of(mut statuses: Statuses, cost: u64) -> Self {
         let allowed = statuses.iter().all(|s| s.allowed);
         if !allowed {
             // All or nothing: quotas that would have admitted were not charged either.
@@ -165,7 +174,7 @@ mod tests {
             limit: 10,
             remaining: 3,
             reset_ms: 2_000,
-            uncharged_reset_ms: Some(1_500),
+            uncharged_reset_ms: NonZeroU64::new(1_500),
             ..QuotaStatus::default()
         };
         let r = charged.refunded(2);
@@ -185,7 +194,7 @@ mod tests {
             limit: 10,
             remaining: 4,
             allowed: true,
-            uncharged_reset_ms: Some(900),
+            uncharged_reset_ms: NonZeroU64::new(900),
             reset_ms: 1_000,
             ..QuotaStatus::default()
         };

@@ -111,6 +111,8 @@ impl CircuitBreaker {
 
     /// How long the breaker stays open before one probe call is let through
     /// (measured on the monotonic clock: a step of the wall clock changes nothing).
+    /// Only the probe's success closes it; a probe that never answers (its
+    /// request was dropped) is replaced by another after one more cool-down.
     pub const fn cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
         self
@@ -139,8 +141,10 @@ pub(crate) struct Breaker {
 struct Open {
     /// Calls are refused until then.
     until: Option<Instant>,
-    /// A probe is out: everyone else waits for its answer.
-    probing: bool,
+    /// When the probe went out: everyone else waits for its answer, for at
+    /// most one more cool-down (a probe whose request was dropped never
+    /// answers; another goes out then).
+    probing: Option<Instant>,
 }
 
 impl Breaker {
@@ -151,22 +155,28 @@ impl Breaker {
             failures: AtomicU32::new(0),
             open: Mutex::new(Open {
                 until: None,
-                probing: false,
+                probing: None,
             }),
         }
     }
 
-    pub(crate) fn admit(&self, now: Instant) -> Admit {
+    /// Whether a call may go to the store; `now` is read only when the
+    /// breaker is open (a closed breaker costs one atomic load).
+    pub(crate) fn admit(&self, now: impl FnOnce() -> Instant) -> Admit {
         if self.closed.load(Ordering::Acquire) {
             return Admit::Call;
         }
+        let now = now();
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         if self.closed.load(Ordering::Acquire) {
             return Admit::Call;
         }
+        let probe_lost = open
+            .probing
+            .is_none_or(|sent| now >= sent + self.cfg.cooldown);
         match open.until {
-            Some(until) if !open.probing && now >= until => {
-                open.probing = true;
+            Some(until) if now >= until && probe_lost => {
+                open.probing = Some(now);
                 Admit::Probe
             }
             _ => Admit::Reject,
@@ -179,7 +189,7 @@ impl Breaker {
     pub(crate) fn success(&self, probe: bool) -> bool {
         if probe {
             let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            open.probing = false;
+            open.probing = None;
             open.until = None;
             self.failures.store(0, Ordering::Relaxed);
             self.closed.store(true, Ordering::Release);
@@ -198,7 +208,7 @@ impl Breaker {
         }
         let reopen = |open: &mut Open| {
             open.until = Some(now + self.cfg.cooldown);
-            open.probing = false;
+            open.probing = None;
         };
         if probe {
             reopen(&mut self.open.lock().unwrap_or_else(PoisonError::into_inner));
@@ -329,7 +339,7 @@ impl Guard {
 
     /// Whether a call to failure domain `domain` may be made.
     pub(crate) fn admit(&self, domain: usize, m: &StoreMetrics) -> Result<Permit, StoreError> {
-        match self.breakers.get(domain).admit(self.clock.monotonic()) {
+        match self.breakers.get(domain).admit(|| self.clock.monotonic()) {
             Admit::Call => Ok(Permit {
                 domain,
                 probe: false,
@@ -383,6 +393,36 @@ impl Guard {
         }
     }
 
+    /// Counts and logs a request whose key could not be found, and answers
+    /// it: in gRPC by whose fault it is, else with the layer's `on_key_error`.
+    pub(crate) fn key_error(
+        &self,
+        err: &crate::key::KeyError,
+        grpc: bool,
+        on_key_error: &crate::builder::KeyErrorFn,
+        m: &StoreMetrics,
+    ) -> http::Response<bytes::Bytes> {
+        use crate::key::KeyErrorKind;
+        m.key_error.increment(1);
+        let server = err.kind() == KeyErrorKind::Server;
+        if server {
+            self.log.event(Log::KeyError, || {
+                tracing::error!(limiter = %self.name, error = %err, "{} key extraction failed: a misconfiguration", self.what);
+            });
+        } else {
+            tracing::debug!(limiter = %self.name, error = %err, "{} key missing from the request", self.what);
+        }
+        if grpc {
+            let code = if server {
+                crate::grpc::INTERNAL
+            } else {
+                crate::grpc::INVALID_ARGUMENT
+            };
+            return crate::grpc::error(code, &err.to_string(), None);
+        }
+        on_key_error(err)
+    }
+
     /// Counts and logs a failed call, and says what the policy does.
     pub(crate) fn failed(&self, err: &StoreError, m: &StoreMetrics) -> OnStoreError {
         m.store_error(err.kind());
@@ -406,26 +446,35 @@ impl Guard {
     }
 }
 
-/// `call`'s answer, or [`StoreError::Timeout`] once `timeout` has passed:
-/// whatever a store does, no request waits on it longer.
+/// How long the layer itself lets a store call run: `None` when the store
+/// bounds its own calls ([`Store::bounds_calls`](crate::store::Store::bounds_calls)),
+/// else the store timeout, so that no request waits on a store that never answers.
+pub(crate) fn backstop(store: &dyn crate::store::Store, timeout: Duration) -> Option<Duration> {
+    (!store.bounds_calls()).then_some(timeout)
+}
+
+/// `call`'s answer, or [`StoreError::Timeout`] once `backstop` (if any) has passed.
 pub(crate) async fn within<T>(
-    timeout: Duration,
+    backstop: Option<Duration>,
     call: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    tokio::time::timeout(timeout, call)
-        .await
-        .unwrap_or(Err(StoreError::Timeout(timeout)))
+    match backstop {
+        Some(t) => tokio::time::timeout(t, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(t))),
+        None => call.await,
+    }
 }
 
 /// Runs a store call no request waits for (a refund, a slot release): at
 /// once when the store answered synchronously, else spawned on the tokio
-/// runtime, off the response path, bounded by `timeout` (and safe while
+/// runtime, off the response path, bounded by `backstop` (and safe while
 /// unwinding from a panic). `done` gets the result and, when the call had to
 /// wait, when it started. Returns `false` (and drops `done` uncalled) when
 /// there is no runtime to run it on.
 pub(crate) fn off_path(
     mut call: crate::store::StoreFuture<Result<(), StoreError>>,
-    timeout: Duration,
+    backstop: Option<Duration>,
     done: impl FnOnce(Result<(), StoreError>, Option<std::time::Instant>) + Send + 'static,
 ) -> bool {
     if let Some(result) = call.now_or_never() {
@@ -436,7 +485,7 @@ pub(crate) fn off_path(
         return false;
     };
     let started = std::time::Instant::now();
-    rt.spawn(async move { done(within(timeout, call).await, Some(started)) });
+    rt.spawn(async move { done(within(backstop, call).await, Some(started)) });
     true
 }
 
@@ -455,28 +504,24 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn opens_after_the_threshold_rejects_during_cooldown_and_lets_one_probe_through() {
         let b = breaker(3);
-        assert_eq!(b.admit(Instant::now()), Admit::Call);
+        assert_eq!(b.admit(Instant::now), Admit::Call);
         assert!(!b.failure(false, Instant::now()));
         assert!(!b.failure(false, Instant::now()));
         assert!(
             b.failure(false, Instant::now()),
             "the third failure opens it"
         );
-        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        assert_eq!(b.admit(Instant::now), Admit::Reject);
         tokio::time::advance(Duration::from_millis(100)).await;
-        assert_eq!(b.admit(Instant::now()), Admit::Probe);
-        assert_eq!(
-            b.admit(Instant::now()),
-            Admit::Reject,
-            "one probe at a time"
-        );
+        assert_eq!(b.admit(Instant::now), Admit::Probe);
+        assert_eq!(b.admit(Instant::now), Admit::Reject, "one probe at a time");
         // The probe fails: open for another cool-down.
         assert!(!b.failure(true, Instant::now()));
-        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        assert_eq!(b.admit(Instant::now), Admit::Reject);
         tokio::time::advance(Duration::from_millis(100)).await;
-        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        assert_eq!(b.admit(Instant::now), Admit::Probe);
         assert!(b.success(true), "a successful probe closes it");
-        assert_eq!(b.admit(Instant::now()), Admit::Call);
+        assert_eq!(b.admit(Instant::now), Admit::Call);
     }
 
     #[tokio::test(start_paused = true)]
@@ -487,13 +532,29 @@ mod tests {
             !b.success(false),
             "a call from before the opening answered late"
         );
-        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        assert_eq!(b.admit(Instant::now), Admit::Reject);
         tokio::time::advance(Duration::from_millis(100)).await;
-        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        assert_eq!(b.admit(Instant::now), Admit::Probe);
         assert!(!b.success(false), "nor while the probe is out");
-        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        assert_eq!(b.admit(Instant::now), Admit::Reject);
         assert!(b.success(true));
-        assert_eq!(b.admit(Instant::now()), Admit::Call);
+        assert_eq!(b.admit(Instant::now), Admit::Call);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_never_answers_is_replaced_after_a_cooldown() {
+        // A probe whose request was dropped (the client went away) records
+        // nothing; the breaker must not wait for it forever.
+        let b = breaker(1);
+        assert!(b.failure(false, Instant::now()));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(b.admit(Instant::now), Admit::Probe);
+        tokio::time::advance(Duration::from_millis(99)).await;
+        assert_eq!(b.admit(Instant::now), Admit::Reject, "still out");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(b.admit(Instant::now), Admit::Probe, "presumed lost");
+        assert!(b.success(true));
+        assert_eq!(b.admit(Instant::now), Admit::Call);
     }
 
     #[tokio::test(start_paused = true)]
@@ -503,9 +564,9 @@ mod tests {
         let b = breaker(1);
         assert!(b.failure(false, Instant::now()));
         tokio::time::advance(Duration::from_millis(99)).await;
-        assert_eq!(b.admit(Instant::now()), Admit::Reject);
+        assert_eq!(b.admit(Instant::now), Admit::Reject);
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        assert_eq!(b.admit(Instant::now), Admit::Probe);
     }
 
     #[test]
@@ -514,12 +575,12 @@ mod tests {
         b.failure(false, Instant::now());
         b.success(false);
         assert!(!b.failure(false, Instant::now()));
-        assert_eq!(b.admit(Instant::now()), Admit::Call);
+        assert_eq!(b.admit(Instant::now), Admit::Call);
         let b = Breaker::new(CircuitBreaker::disabled());
         for _ in 0..1000 {
             assert!(!b.failure(false, Instant::now()));
         }
-        assert_eq!(b.admit(Instant::now()), Admit::Call);
+        assert_eq!(b.admit(Instant::now), Admit::Call);
     }
 
     #[test]
@@ -528,21 +589,21 @@ mod tests {
         assert!(!b.get(1).failure(false, Instant::now()));
         assert!(b.get(1).failure(false, Instant::now()), "domain 1 opens");
         assert!(b.any_open());
-        assert_eq!(b.get(1).admit(Instant::now()), Admit::Reject);
+        assert_eq!(b.get(1).admit(Instant::now), Admit::Reject);
         assert_eq!(
-            b.get(0).admit(Instant::now()),
+            b.get(0).admit(Instant::now),
             Admit::Call,
             "domain 0 still calls"
         );
         assert_eq!(
-            b.get(4).admit(Instant::now()),
+            b.get(4).admit(Instant::now),
             Admit::Reject,
             "domains wrap around"
         );
         assert!(
             Breakers::new(CircuitBreaker::new(), 0)
                 .get(7)
-                .admit(Instant::now())
+                .admit(Instant::now)
                 == Admit::Call
         );
     }

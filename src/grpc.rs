@@ -5,7 +5,8 @@
 //! `grpc-message`, the rate-limit headers as response metadata, and the retry
 //! delay twice: as `grpc-retry-pushback-ms` and as a `google.rpc.RetryInfo` in
 //! `grpc-status-details-bin` (read it with `tonic_types::StatusExt`). A
-//! fail-closed store error is `UNAVAILABLE`, a missing key `INTERNAL`.
+//! fail-closed store error is `UNAVAILABLE`; a key the call lacks is
+//! `INVALID_ARGUMENT`, one a misconfiguration prevents `INTERNAL`.
 //!
 //! Refund predicates see the response head: a handler's error status arrives
 //! there (a trailers-only response), so "do not charge `NOT_FOUND`" is
@@ -28,11 +29,13 @@ use http::{Response, StatusCode};
 
 /// `grpc-status` of a successful call.
 pub const OK: i32 = 0;
+/// `grpc-status` `INVALID_ARGUMENT`: the call lacks what its key is made of.
+pub const INVALID_ARGUMENT: i32 = 3;
 /// `grpc-status` `NOT_FOUND`.
 pub const NOT_FOUND: i32 = 5;
 /// `grpc-status` `RESOURCE_EXHAUSTED`: a rate-limit rejection.
 pub const RESOURCE_EXHAUSTED: i32 = 8;
-/// `grpc-status` `INTERNAL`: the key could not be extracted.
+/// `grpc-status` `INTERNAL`: the key could not be extracted (a misconfiguration).
 pub const INTERNAL: i32 = 13;
 /// `grpc-status` `UNAVAILABLE`: the limiter's store failed and the layer fails closed.
 pub const UNAVAILABLE: i32 = 14;

@@ -6,9 +6,43 @@
 //! written with the [`sfv`] crate. Rejections carry `Retry-After`.
 //!
 //! ```
-//! use tower_ratelimit::HeaderStyle;
-//! assert_eq!(HeaderStyle::default(), HeaderStyle::GitHub);
+//! # use std::num::NonZeroU32;
+//! use tower::{Layer, ServiceExt};
+//! use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
+//! let layer = RateLimitLayer::builder()
+//!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+//!     .headers(HeaderStyle::Ietf)
+//!     .build()?;
+//! let hello = tower::service_fn(|_: http::Request<()>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//! });
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! let res = layer.layer(hello).oneshot(http::Request::new(())).await?;
+//! assert_eq!(res.headers()["ratelimit-policy"], r#""1m";q=60;w=60"#);
+//! assert_eq!(res.headers()["ratelimit"], r#""1m";r=59;t=60"#);
+//! # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! The meanings are the same for every algorithm:
+//!
+//! - **remaining** is what can be spent now, within `0..=limit` (clamped if
+//!   the limit was lowered mid-window); for a token bucket or GCRA the
+//!   limit reported is the burst;
+//! - **reset** is when the quota is fully available again: for a fixed
+//!   window its stored reset, so every response of one window carries the
+//!   same value; for the others when the bucket is full or the last counted
+//!   unit stops weighing (now, if it already is);
+//! - **`Retry-After`** is when the rejected request, with its cost, would be
+//!   admitted if nothing else were charged meanwhile. A request whose cost
+//!   exceeds the limit gets none: waiting never helps.
+//!
+//! GitHub-style headers report the most restrictive quota; the IETF fields
+//! list every quota by name (a quota's name defaults to its window: `"1s"`,
+//! `"1m"`, `"1h"`). A refunded response shows the refunded remaining.
+//! Stacked limiters (a rate limit around a concurrency limit) describe one
+//! limit with the GitHub headers, so the most restrictive report wins; the
+//! IETF lists carry every limiter's policies.
 
 use crate::decision::{Decision, QuotaStatus};
 use crate::quota::{Policy, Quota};
@@ -85,22 +119,28 @@ pub(crate) fn apply(
     headers: &mut HeaderMap,
 ) {
     if style.github() {
-        if let Some(s) = decision.binding_status() {
+        let i = decision.binding();
+        if let Some(s) = decision.statuses().get(i) {
+            // The policy's own value, unless the status reports another limit.
+            let limit = policy
+                .limit_header(i)
+                .filter(|_| policy.quotas().get(i).map(Quota::burst_size) == Some(s.limit))
+                .cloned()
+                .unwrap_or_else(|| HeaderValue::from(s.limit));
             github(
                 headers,
-                s.limit,
+                limit,
                 s.remaining,
                 Some((ceil_secs(s.reset_ms), s.used())),
             );
         }
     }
     if style.ietf() {
-        let names: Vec<_> = policy.quotas().iter().map(Quota::name).collect();
         let members = policy
             .quotas()
             .iter()
             .zip(decision.statuses())
-            .zip(&names)
+            .zip(policy.names())
             .map(|((q, s), name)| member(q, name, s, now_ms));
         ietf(headers, members);
     }
@@ -134,7 +174,7 @@ pub(crate) fn retry_after(headers: &mut HeaderMap, secs: u64) {
 /// report of as little or less remaining keeps its own numbers.
 pub(crate) fn github(
     headers: &mut HeaderMap,
-    limit: u64,
+    limit: HeaderValue,
     remaining: u64,
     reset_and_used: Option<(u64, u64)>,
 ) {
@@ -144,7 +184,7 @@ pub(crate) fn github(
     if earlier.is_some_and(|r| r <= remaining) {
         return;
     }
-    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(limit));
+    headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
     headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
     match reset_and_used {
         Some((reset, used)) => {
@@ -161,7 +201,10 @@ pub(crate) fn github(
 /// The IETF fields of `members`, appended to what an inner limiter wrote:
 /// a response can report several policies.
 pub(crate) fn ietf<'a>(headers: &mut HeaderMap, members: impl IntoIterator<Item = Member<'a>>) {
-    let (mut policy, mut state) = (ListSerializer::new(), ListSerializer::new());
+    let mut policy_buf = earlier_members(headers, &RATELIMIT_POLICY);
+    let mut state_buf = earlier_members(headers, &RATELIMIT);
+    let mut policy = ListSerializer::with_buffer(&mut policy_buf);
+    let mut state = ListSerializer::with_buffer(&mut state_buf);
     for m in members {
         // Names are validated when a quota is named; a window name always fits.
         let name = StringRef::from_str(m.name).unwrap_or(string_ref("quota"));
@@ -180,10 +223,24 @@ pub(crate) fn ietf<'a>(headers: &mut HeaderMap, members: impl IntoIterator<Item 
             let _ = r.parameter(key_ref("t"), int(t));
         }
     }
-    if let (Some(policy), Some(state)) = (policy.finish(), state.finish()) {
-        append_list(headers, &RATELIMIT_POLICY, policy);
-        append_list(headers, &RATELIMIT, state);
+    if let (Some(_), Some(_)) = (policy.finish(), state.finish()) {
+        set_list(headers, &RATELIMIT_POLICY, policy_buf);
+        set_list(headers, &RATELIMIT, state_buf);
     }
+}
+
+/// What an inner limiter already wrote in a list header, followed by the
+/// separator for the members to come (a response can report several
+/// policies); empty if nothing was.
+fn earlier_members(headers: &HeaderMap, name: &HeaderName) -> String {
+    let mut buf = String::with_capacity(64);
+    if let Some(earlier) = headers.get(name).and_then(|v| v.to_str().ok()) {
+        if !earlier.is_empty() {
+            buf.push_str(earlier);
+            buf.push_str(", ");
+        }
+    }
+    buf
 }
 
 /// A structured-field integer; every number written here is within range
@@ -192,13 +249,9 @@ fn int(n: u64) -> Integer {
     Integer::try_from(n).unwrap_or(Integer::MAX)
 }
 
-/// Adds `members` to a structured-field list header.
-fn append_list(headers: &mut HeaderMap, name: &HeaderName, members: String) {
-    let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
-        Some(earlier) if !earlier.is_empty() => format!("{earlier}, {members}"),
-        _ => members,
-    };
-    if let Ok(v) = HeaderValue::try_from(value) {
+/// Sets a structured-field list header to `list` (its bytes are moved, not copied).
+fn set_list(headers: &mut HeaderMap, name: &HeaderName, list: String) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(list)) {
         headers.insert(name.clone(), v);
     }
 }
@@ -273,7 +326,7 @@ mod tests {
     fn stacked_limiters_keep_the_most_restrictive_github_numbers_and_list_every_ietf_policy() {
         // What an inner concurrency limiter wrote on its 429.
         let mut h = HeaderMap::new();
-        github(&mut h, 5, 0, None);
+        github(&mut h, HeaderValue::from(5), 0, None);
         ietf(
             &mut h,
             [Member {

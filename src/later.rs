@@ -16,41 +16,24 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// `T` now (an in-process store's answer, an open breaker), or a future of
 /// it (a network store, an async lookup): only the latter is boxed.
 pub(crate) enum Later<T> {
-    Now(Option<T>),
+    Now(T),
     Pending(BoxFuture<T>),
 }
 
 impl<T> Later<T> {
-    /// The value, if it was there at once (taken).
-    pub(crate) fn now(&mut self) -> Option<T> {
-        match self {
-            Later::Now(v) => v.take(),
-            Later::Pending(_) => None,
-        }
-    }
-
     /// A value still to come.
     pub(crate) fn pending(fut: impl Future<Output = T> + Send + 'static) -> Self {
         Later::Pending(Box::pin(fut))
     }
-}
 
-impl<T> Future for Later<T> {
-    type Output = T;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match &mut *self {
-            Later::Now(v) => match v.take() {
-                Some(v) => Poll::Ready(v),
-                None => panic!("polled after completion"),
-            },
-            Later::Pending(fut) => fut.as_mut().poll(cx),
+    /// The value, waiting for it if it is still to come.
+    pub(crate) async fn value(self) -> T {
+        match self {
+            Later::Now(v) => v,
+            Later::Pending(fut) => fut.await,
         }
     }
 }
-
-// Never pinned in place: the boxed future already is.
-impl<T> Unpin for Later<T> {}
 
 /// What happens to a request.
 pub(crate) enum Verdict<T> {
@@ -61,23 +44,20 @@ pub(crate) enum Verdict<T> {
     Answer(Response<Bytes>),
 }
 
-/// How a request ended: the inner service's response with what was kept
-/// for it, or the limiter's own answer.
-pub(crate) enum Served<R, T> {
-    Inner(R, T),
-    Answered(Response<Bytes>),
-}
-
 pin_project! {
     /// Waits for a request's verdict, then serves it. If the inner service
     /// fails, or this future is dropped, what was kept for the request
     /// (`T`) is dropped with it.
+    ///
+    /// What a request keeps (`T`) lives beside the state, so that moving
+    /// from one state to the next does not copy it.
     pub(crate) struct Serve<S, B, T>
     where
         S: Service<Request<B>>,
     {
         #[pin]
         state: State<S, B, S::Future, T>,
+        kept: Option<T>,
     }
 }
 
@@ -86,13 +66,9 @@ pin_project! {
     enum State<S, B, F, T> {
         // The verdict is still to come; the request waits with the ready
         // inner service that will serve it.
-        Deciding {
-            #[pin]
-            verdict: Later<Verdict<T>>,
-            waiting: Option<(S, Request<B>)>,
-        },
+        Deciding { verdict: BoxFuture<Verdict<T>>, waiting: Option<(S, Request<B>)> },
         // The inner service is answering.
-        Inner { #[pin] fut: F, kept: Option<T> },
+        Inner { #[pin] fut: F },
         // The limiter answered; the inner service was not called.
         Answered { res: Option<Response<Bytes>> },
     }
@@ -104,62 +80,72 @@ where
 {
     /// Starts serving `req` with `service` (which must be ready) once
     /// `verdict` is known: at once when it already is.
-    pub(crate) fn start(service: &mut S, mut verdict: Later<Verdict<T>>, req: Request<B>) -> Self {
-        let state = match verdict.now() {
-            Some(v) => State::serve(v, service, req),
-            None => {
+    pub(crate) fn start(service: &mut S, verdict: Later<Verdict<T>>, req: Request<B>) -> Self {
+        match verdict {
+            Later::Now(Verdict::Forward(kept)) => Serve {
+                state: State::Inner {
+                    fut: service.call(req),
+                },
+                kept: Some(kept),
+            },
+            Later::Now(Verdict::Answer(res)) => Serve {
+                state: State::Answered { res: Some(res) },
+                kept: None,
+            },
+            Later::Pending(verdict) => {
                 // The ready service goes with this request; the layer's
                 // service gets a fresh clone.
                 let clone = service.clone();
-                State::Deciding {
-                    verdict,
-                    waiting: Some((std::mem::replace(service, clone), req)),
+                Serve {
+                    state: State::Deciding {
+                        verdict,
+                        waiting: Some((std::mem::replace(service, clone), req)),
+                    },
+                    kept: None,
                 }
             }
-        };
-        Serve { state }
-    }
-}
-
-impl<S, B, T> State<S, B, S::Future, T>
-where
-    S: Service<Request<B>>,
-{
-    fn serve(verdict: Verdict<T>, service: &mut S, req: Request<B>) -> Self {
-        match verdict {
-            Verdict::Forward(kept) => State::Inner {
-                fut: service.call(req),
-                kept: Some(kept),
-            },
-            Verdict::Answer(res) => State::Answered { res: Some(res) },
         }
     }
 }
 
-impl<S, B, T> Future for Serve<S, B, T>
+impl<S, B, T> Serve<S, B, T>
 where
     S: Service<Request<B>>,
 {
-    type Output = Result<Served<S::Response, T>, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+    /// Drives the request to its end: the inner service's response, with
+    /// what was kept for it, goes through `inner`; the limiter's own answer
+    /// through `answered`.
+    pub(crate) fn poll_served<O>(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        inner: impl FnOnce(S::Response, T) -> O,
+        answered: impl FnOnce(Response<Bytes>) -> O,
+    ) -> Poll<Result<O, S::Error>> {
+        let mut this = self.project();
         loop {
-            match state.as_mut().project() {
+            match this.state.as_mut().project() {
                 StateProj::Deciding { verdict, waiting } => {
-                    let v = ready!(verdict.poll(cx));
-                    let (mut service, req) = waiting.take().expect("request kept while deciding");
-                    let next = State::serve(v, &mut service, req);
-                    state.set(next);
+                    match ready!(verdict.as_mut().poll(cx)) {
+                        Verdict::Forward(kept) => {
+                            *this.kept = Some(kept);
+                            let (mut service, req) =
+                                waiting.take().expect("request kept while deciding");
+                            let fut = service.call(req);
+                            this.state.set(State::Inner { fut });
+                        }
+                        Verdict::Answer(res) => {
+                            this.state.set(State::Answered { res: Some(res) });
+                        }
+                    }
                 }
-                StateProj::Inner { fut, kept } => {
+                StateProj::Inner { fut } => {
                     let res = ready!(fut.poll(cx))?;
-                    let kept = kept.take().expect("polled after completion");
-                    return Poll::Ready(Ok(Served::Inner(res, kept)));
+                    let kept = this.kept.take().expect("polled after completion");
+                    return Poll::Ready(Ok(inner(res, kept)));
                 }
                 StateProj::Answered { res } => {
                     let res = res.take().expect("polled after completion");
-                    return Poll::Ready(Ok(Served::Answered(res)));
+                    return Poll::Ready(Ok(answered(res)));
                 }
             }
         }

@@ -64,6 +64,7 @@ pub use headers::HeaderStyle;
 pub use problem::default_key_error;
 pub use quota::{Algorithm, Policy, Quota};
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use rate::Coordinated;
 pub use rate::{
     default_rejection, BodyMode, DenyCache, InnerBody, RateLimit, RateLimitLayer,

@@ -1,6 +1,26 @@
 //! Metrics through the [`metrics`](https://docs.rs/metrics) facade: no exporter
 //! is forced on users; install any recorder (e.g. Prometheus) to collect them.
 //!
+//! ```
+//! # use std::num::NonZeroU32;
+//! use tower::{Layer, ServiceExt};
+//! use tower_ratelimit::{Quota, RateLimitLayer};
+//! let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! let layer = RateLimitLayer::builder()
+//!     .name("api")
+//!     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+//!     .build()?;
+//! let hello = tower::service_fn(|_: http::Request<()>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//! });
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! layer.layer(hello).oneshot(http::Request::new(())).await?;
+//! # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+//! let text = prometheus.render();
+//! assert!(text.contains(r#"ratelimit_decisions_total{limiter="api",outcome="allowed"} 1"#));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Every series carries the label `limiter` (the layer's name):
 //!
 //! | name | type | labels | meaning |

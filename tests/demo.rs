@@ -52,8 +52,8 @@ async fn demo_serves_its_routes_limits_and_refunds_and_exits_cleanly_on_sigterm(
     let r = c.get(&demo.url("/")).await;
     assert_eq!(
         r.status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "a missing key header is a clear error"
+        StatusCode::BAD_REQUEST,
+        "a missing key header is the client's error"
     );
     assert!(r.body.contains("x-client"), "{}", r.body);
     assert!(

@@ -195,14 +195,30 @@ async fn metadata_keys_limit_each_api_key_separately() {
         c.check(with_key("", "bob")).await.is_ok(),
         "another key has its own quota"
     );
-    // A missing metadata key is a gRPC INTERNAL naming the extractor, not an HTTP 500.
+    // Missing metadata is the caller's: INVALID_ARGUMENT naming it, not an HTTP 400.
     let status = c.check(check("")).await.unwrap_err();
-    assert_eq!(status.code(), Code::Internal);
+    assert_eq!(status.code(), Code::InvalidArgument);
     assert!(
         status.message().contains("x-api-key"),
         "{}",
         status.message()
     );
+}
+
+#[tokio::test]
+async fn a_key_a_misconfiguration_prevents_is_internal() {
+    #[derive(Clone)]
+    struct Tenant(u64);
+    let l = layer(2)
+        .key(tower_ratelimit::key::extension(|t: &Tenant| {
+            tower_ratelimit::key::Key::new(t.0.to_le_bytes())
+        }))
+        .build()
+        .unwrap();
+    let mut c = client(serve(l).await).await;
+    let status = c.check(check("")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal);
+    assert!(status.message().contains("Tenant"), "{}", status.message());
 }
 
 #[tokio::test]

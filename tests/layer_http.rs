@@ -353,6 +353,92 @@ async fn an_exempt_request_is_neither_counted_nor_given_headers() {
     );
 }
 
+async fn body_of<B: http_body::Body>(res: http::Response<B>) -> String
+where
+    B::Error: std::fmt::Debug,
+{
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+fn keyed_by(key: impl tower_ratelimit::key::KeyExtractor) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .quota(Quota::new(5, Duration::from_secs(60)).unwrap())
+        .key(key)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_request_missing_its_bearer_token_or_key_header_gets_400_naming_the_header() {
+    use tower_ratelimit::key::ApiKey;
+    let client = HttpClient::new();
+    for (layer, header) in [
+        (keyed_by(ApiKey::bearer()), "authorization"),
+        (keyed_by(Header::try_new("x-api-key").unwrap()), "x-api-key"),
+        (
+            keyed_by(ApiKey::header(http::HeaderName::from_static("x-api-key"))),
+            "x-api-key",
+        ),
+    ] {
+        // Through a real server over TCP, and through `oneshot`.
+        let server = TestServer::start(app().layer(layer.clone())).await;
+        let r = client.get(&server.url("/")).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{header}: {}", r.body);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(r.body.contains(header), "{}", r.body);
+        assert!(r.body.contains("\"status\":400"), "{}", r.body);
+        let res = app().layer(layer).oneshot(get_req("/")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        assert!(body_of(res).await.contains(header));
+    }
+    // With the token present, the same layer limits as usual.
+    let server = TestServer::start(app().layer(keyed_by(ApiKey::bearer()))).await;
+    let r = client
+        .get_with(&server.url("/"), &[("authorization", b"Bearer t0ken")])
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 4);
+}
+
+#[tokio::test]
+async fn an_api_key_with_the_client_ip_as_fallback_limits_callers_without_one_by_address() {
+    use tower_ratelimit::key::{ApiKey, KeyExtractorExt};
+    let layer = keyed_by(ApiKey::bearer().or(PeerIp::new()));
+    let server = TestServer::start(app().layer(layer)).await;
+    let c = HttpClient::new();
+    for left in [4, 3] {
+        let r = c.get(&server.url("/")).await;
+        assert_eq!(r.status, StatusCode::OK, "keyed by the peer address");
+        assert_eq!(r.header_u64("x-ratelimit-remaining"), left);
+    }
+    let r = c
+        .get_with(&server.url("/"), &[("authorization", b"Bearer k")])
+        .await;
+    assert_eq!(
+        r.header_u64("x-ratelimit-remaining"),
+        4,
+        "the key has its own quota"
+    );
+}
+
+#[tokio::test]
+async fn a_misconfiguration_is_500_missing_connect_info_or_an_extension_the_app_should_set() {
+    #[derive(Clone)]
+    struct User(u64);
+    let by_user = keyed_by(tower_ratelimit::key::extension(|u: &User| {
+        Key::new(u.0.to_le_bytes())
+    }));
+    // Over TCP there is a peer, but no middleware inserted `User`.
+    let server = TestServer::start(app().layer(by_user)).await;
+    let r = HttpClient::new().get(&server.url("/")).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.body);
+    assert!(r.body.contains("User"), "{}", r.body);
+}
+
 #[tokio::test]
 async fn a_missing_key_gets_a_500_naming_the_extractor_and_the_fix() {
     // No connect info: PeerIp cannot find the peer address.

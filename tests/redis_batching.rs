@@ -267,7 +267,7 @@ async fn a_batch_of_different_times_costs_and_policies_decides_as_the_memory_sto
     let ns = Namespace::new("varied");
     // A key per client and policy: two policies whose quotas share an
     // algorithm and a window share that state, which only the fixed window's
-    // plain count survives unchanged (see the closing notes of issue 8).
+    // plain count survives unchanged (see "Changing a client's policy" in the quota docs).
     let keys: Vec<Key> = (0..24).map(|i| Key::new(format!("k{i}"))).collect();
     let policies = [
         fixed(9),

@@ -5,6 +5,7 @@
 //! Mirrored, decision for decision, by `lua/fixed_window.lua`.
 
 use crate::decision::QuotaStatus;
+use std::num::NonZeroU64;
 
 /// A key's fixed-window state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,7 +81,7 @@ fn status_of(s: State, limit: u64, now: u64, allowed: bool, cost: u64) -> QuotaS
         },
         allowed,
         window_id: s.reset_ms,
-        uncharged_reset_ms: Some(s.reset_ms),
+        uncharged_reset_ms: NonZeroU64::new(s.reset_ms),
     }
 }
 

@@ -12,6 +12,7 @@
 
 use crate::decision::QuotaStatus;
 use crate::quota::Rate;
+use std::num::NonZeroU64;
 
 impl Rate {
     /// Whole milliseconds until `d` fine units have refilled (rounded up).
@@ -43,7 +44,7 @@ impl Rate {
             allowed,
             // When the bucket would be full again had nothing else been charged.
             window_id: reset_ms,
-            uncharged_reset_ms: Some(now + self.ms_to_refill(d)),
+            uncharged_reset_ms: NonZeroU64::new(now + self.ms_to_refill(d)),
         };
         (status, after)
     }

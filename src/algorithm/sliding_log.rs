@@ -12,6 +12,7 @@
 
 use crate::decision::QuotaStatus;
 use std::collections::VecDeque;
+use std::num::NonZeroU64;
 
 /// A key's log: `(time ms, cost)` entries sorted by time, one per ms, and their total.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -128,7 +129,7 @@ pub(crate) fn charge(
         allowed,
         // The entry this charge is logged in.
         window_id: now,
-        uncharged_reset_ms: Some(reset(newest)),
+        uncharged_reset_ms: NonZeroU64::new(reset(newest)),
     }
 }
 

@@ -13,6 +13,7 @@
 //! Mirrored, decision for decision, by `lua/sliding_window.lua`.
 
 use crate::decision::QuotaStatus;
+use std::num::NonZeroU64;
 
 /// A key's sliding-window state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,7 +83,7 @@ pub(crate) fn charge(
         retry_after_ms,
         allowed,
         window_id: s.start_ms,
-        uncharged_reset_ms: Some(reset(&s, window_ms, now)),
+        uncharged_reset_ms: NonZeroU64::new(reset(&s, window_ms, now)),
     };
     (status, next)
 }

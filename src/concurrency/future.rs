@@ -4,14 +4,14 @@
 use super::limiter::{Limiter, Slot};
 use super::ResponseBody;
 use crate::body::GuardedBody;
-use crate::later::{Serve, Served};
+use crate::later::Serve;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use tower_service::Service;
 
 pin_project! {
@@ -49,10 +49,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // An error drops the slot with the future: it is given back.
-        Poll::Ready(Ok(match ready!(self.project().serve.poll(cx))? {
-            Served::Inner(res, slot) => res.map(|body| GuardedBody::inner(body, slot)),
-            Served::Answered(res) => res.map(GuardedBody::answer),
-        }))
+        self.project().serve.poll_served(
+            cx,
+            |res, slot| res.map(|body| GuardedBody::inner(body, slot)),
+            |res| res.map(GuardedBody::answer),
+        )
     }
 }
 

@@ -221,6 +221,7 @@ impl Builder<Settings> {
             )));
         }
         let store = common.store();
+        let backstop = crate::failure::backstop(&*store, common.store_timeout);
         if !store.keeps_slots() {
             return Err(ConfigError::new(
                 "this store keeps no concurrency slots (Store::keeps_slots): give the \
@@ -256,6 +257,7 @@ impl Builder<Settings> {
                 on_rejection: kind.on_rejection,
                 on_key_error: common.on_key_error,
                 store_timeout: common.store_timeout,
+                backstop,
                 shadow: common.shadow,
                 guard,
                 fallback,

@@ -35,6 +35,8 @@ pub(crate) struct Limiter {
     pub(crate) on_rejection: Arc<RejectionFn>,
     pub(crate) on_key_error: Arc<KeyErrorFn>,
     pub(crate) store_timeout: Duration,
+    /// The layer's own bound on a store call ([`failure::backstop`](crate::failure::backstop)).
+    pub(crate) backstop: Option<Duration>,
     pub(crate) shadow: bool,
     pub(crate) guard: Guard,
     /// The in-process slots used by [`OnStoreError::Local`], and their per-key limit.
@@ -92,18 +94,13 @@ impl Limiter {
             Ok(Some(key)) => key,
             Ok(None) => {
                 self.metrics().exempt.increment(1);
-                return Later::Now(Some(Verdict::Forward(None)));
+                return Later::Now(Verdict::Forward(None));
             }
             Err(err) => {
-                self.metrics().key_error.increment(1);
-                self.guard.log.event(Log::KeyError, || {
-                    tracing::error!(limiter = self.namespace.name(), error = %err, "concurrency limit key extraction failed");
-                });
-                return Later::Now(Some(Verdict::Answer(if grpc {
-                    grpc::error(grpc::INTERNAL, &err.to_string(), None)
-                } else {
-                    (self.on_key_error)(&err)
-                })));
+                let res = self
+                    .guard
+                    .key_error(&err, grpc, &*self.on_key_error, self.metrics());
+                return Later::Now(Verdict::Answer(res));
             }
         };
         let mut slot = Slot {
@@ -117,19 +114,20 @@ impl Limiter {
         };
         let permit = match self.guard.admit(0, self.metrics()) {
             Ok(permit) => permit,
-            Err(open) => return Later::Now(Some(self.store_failed(slot, open))),
+            Err(open) => return Later::Now(self.store_failed(slot, open)),
         };
-        let mut fut = self.store.acquire(&self.acquire_call(&slot, self.limit));
+        let fut = self.store.acquire(&self.acquire_call(&slot, self.limit));
         // Armed before the answer: a request dropped while the call is in
         // flight still gives back what it may have taken.
         slot.in_store = true;
-        if let Some(result) = fut.now_or_never() {
-            return Later::Now(Some(self.verdict(slot, permit, None, result)));
-        }
+        let fut = match fut.into_ready() {
+            Ok(result) => return Later::Now(self.verdict(slot, permit, None, result)),
+            Err(fut) => fut,
+        };
         let this = self.clone();
         Later::pending(async move {
             let started = Instant::now();
-            let result = failure::within(this.store_timeout, fut).await;
+            let result = failure::within(this.backstop, fut).await;
             this.verdict(slot, permit, Some(started), result)
         })
     }
@@ -270,7 +268,7 @@ impl Limiter {
                 });
             }
         };
-        if !failure::off_path(fut, self.store_timeout, done) {
+        if !failure::off_path(fut, self.backstop, done) {
             self.metrics().off_path_failed.increment(1);
             tracing::warn!(
                 limiter = self.namespace.name(),

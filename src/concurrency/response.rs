@@ -3,7 +3,7 @@
 use crate::headers::{self, HeaderStyle, Member};
 use crate::problem::Problem;
 use bytes::Bytes;
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 /// What a concurrency rejection knows, for a custom rejection response.
 #[derive(Debug)]
@@ -58,7 +58,7 @@ pub fn default_rejection(r: &ConcurrencyRejection<'_>) -> Response<Bytes> {
 pub(crate) fn apply(style: HeaderStyle, r: &ConcurrencyRejection<'_>, h: &mut HeaderMap) {
     headers::retry_after(h, r.retry_after_secs);
     if style.github() {
-        headers::github(h, r.limit, 0, None);
+        headers::github(h, HeaderValue::from(r.limit), 0, None);
     }
     if style.ietf() {
         headers::ietf(

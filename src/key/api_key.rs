@@ -76,7 +76,7 @@ impl ApiKey {
     /// The error for a credential that is there but unusable. Fixed texts only:
     /// anything derived from the value could leak (part of) the secret into logs.
     fn error(&self, reason: &'static str) -> KeyError {
-        KeyError::new("api_key", format!("header `{}` {reason}", self.name))
+        KeyError::client("api_key", format!("header `{}` {reason}", self.name))
     }
 }
 

@@ -238,7 +238,7 @@ impl KeyExtractor for ClientIp {
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
         match self.client(parts) {
             Some(ip) => Ok(Some(ip_key(ip, self.v6_prefix))),
-            None => Err(KeyError::new("client_ip", NO_PEER)),
+            None => Err(KeyError::server("client_ip", NO_PEER)),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Combining extractors: composite keys, fallbacks and exemptions.
 
-use super::{Key, KeyError, KeyExtractor};
+use super::{Key, KeyError, KeyErrorKind, KeyExtractor};
 use http::request::Parts;
 use std::fmt;
 
@@ -117,7 +117,15 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
             decided => return decided,
         };
         self.b.extract(parts).map_err(|second| {
-            KeyError::new(
+            // A misconfiguration on either side is the server's: the
+            // fallback should have worked.
+            let kind = if first.kind() == KeyErrorKind::Server {
+                KeyErrorKind::Server
+            } else {
+                second.kind()
+            };
+            KeyError::of(
+                kind,
                 format!("{} or {}", first.extractor(), second.extractor()),
                 format!(
                     "{}: {}; {}: {}",
@@ -208,7 +216,7 @@ mod tests {
     use crate::key::{ApiKey, ClientIp, Constant, Exempt, Global, Header};
 
     fn fail(name: &'static str) -> impl KeyExtractor {
-        move |_: &Parts| -> Result<Option<Key>, KeyError> { Err(KeyError::new(name, "nope")) }
+        move |_: &Parts| -> Result<Option<Key>, KeyError> { Err(KeyError::client(name, "nope")) }
     }
 
     fn key(e: &impl KeyExtractor) -> Result<Option<Key>, KeyError> {

@@ -72,7 +72,7 @@ where
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
         match parts.extensions.get::<T>() {
             Some(value) => (self.f)(value).into_key_result(),
-            None => Err(KeyError::new(
+            None => Err(KeyError::server(
                 "extension",
                 format!(
                     "request extension `{}` is missing (is the auth middleware before the rate limiter?)",

@@ -37,7 +37,7 @@ impl IntoKeyResult for Option<Key> {
     fn into_key_result(self) -> Result<Option<Key>, KeyError> {
         match self {
             Some(key) => Ok(Some(key)),
-            None => Err(KeyError::new("closure", "the closure returned None")),
+            None => Err(KeyError::client("closure", "the closure returned None")),
         }
     }
 }
@@ -125,10 +125,10 @@ mod tests {
     fn closure_returning_result_of_key_passes_key_and_error_through() {
         let ok = |_: &Parts| -> Result<Key, KeyError> { Ok(Key::new("k")) };
         assert_eq!(ok.extract(&request().parts()), Ok(Some(Key::new("k"))));
-        let err = |_: &Parts| -> Result<Key, KeyError> { Err(KeyError::new("mine", "no")) };
+        let err = |_: &Parts| -> Result<Key, KeyError> { Err(KeyError::client("mine", "no")) };
         assert_eq!(
             err.extract(&request().parts()),
-            Err(KeyError::new("mine", "no"))
+            Err(KeyError::client("mine", "no"))
         );
     }
 
@@ -139,8 +139,8 @@ mod tests {
         assert_eq!(exempt.extract(&parts), Ok(None));
         let key = |_: &Parts| -> Result<Option<Key>, KeyError> { Ok(Some(Key::new("k"))) };
         assert_eq!(key.extract(&parts), Ok(Some(Key::new("k"))));
-        let err = |_: &Parts| -> Result<Option<Key>, KeyError> { Err(KeyError::new("x", "y")) };
-        assert_eq!(err.extract(&parts), Err(KeyError::new("x", "y")));
+        let err = |_: &Parts| -> Result<Option<Key>, KeyError> { Err(KeyError::client("x", "y")) };
+        assert_eq!(err.extract(&parts), Err(KeyError::client("x", "y")));
     }
 
     #[test]

@@ -73,7 +73,7 @@ impl KeyExtractor for Header {
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
         match parts.headers.get(&self.name) {
             Some(value) => Ok(Some(Key::new(value.as_bytes()))),
-            None => Err(KeyError::new(
+            None => Err(KeyError::client(
                 "header",
                 format!("header `{}` is missing", self.name),
             )),

@@ -133,7 +133,7 @@ impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
         match peer_addr(parts) {
             Some(ip) => Ok(Some(ip_key(ip, self.v6_prefix))),
-            None => Err(KeyError::new("peer_ip", NO_PEER)),
+            None => Err(KeyError::server("peer_ip", NO_PEER)),
         }
     }
 }

@@ -51,6 +51,7 @@ pub use fn_impl::IntoKeyResult;
 pub use header::Header;
 pub use ip::PeerIp;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use request::MatchedRoute;
 pub use request::{GrpcMethod, Method, Path};
 pub use value::Key;
@@ -59,23 +60,69 @@ use http::request::Parts;
 use std::borrow::Cow;
 use std::fmt;
 
-/// Why an extractor could not produce a key (a misconfiguration or a malformed request).
+/// Why an extractor could not produce a key, and whose fault that is
+/// ([`KeyErrorKind`]).
+///
+/// ```
+/// use tower_ratelimit::key::{KeyError, KeyErrorKind};
+/// let e = KeyError::client("api_key", "header `x-api-key` is missing");
+/// assert_eq!(e.kind(), KeyErrorKind::Client);
+/// assert_eq!(e.to_string(), "key extractor `api_key` found no key: header `x-api-key` is missing");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyError {
     extractor: Cow<'static, str>,
     reason: Cow<'static, str>,
+    kind: KeyErrorKind,
+}
+
+/// Whose fault a missing key is: what the default answer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyErrorKind {
+    /// The request lacks what its key is made of, or carries it malformed (no
+    /// API key, a header that does not parse, absent metadata): answered `400
+    /// Bad Request` (gRPC `INVALID_ARGUMENT`) by default. Logged at debug
+    /// level: a client can send these at will.
+    Client,
+    /// The server is misconfigured (no `ConnectInfo`, an extension the
+    /// application should have inserted, a layer outside the router):
+    /// answered `500` (gRPC `INTERNAL`) by default, and logged as an error.
+    Server,
 }
 
 impl KeyError {
-    /// A new error from the extractor named `extractor`.
-    pub fn new(
+    /// The request did not carry what the key is made of (a client error).
+    pub fn client(
+        extractor: impl Into<Cow<'static, str>>,
+        reason: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        Self::of(KeyErrorKind::Client, extractor, reason)
+    }
+
+    /// The application is misconfigured (a server error).
+    pub fn server(
+        extractor: impl Into<Cow<'static, str>>,
+        reason: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        Self::of(KeyErrorKind::Server, extractor, reason)
+    }
+
+    fn of(
+        kind: KeyErrorKind,
         extractor: impl Into<Cow<'static, str>>,
         reason: impl Into<Cow<'static, str>>,
     ) -> Self {
         Self {
             extractor: extractor.into(),
             reason: reason.into(),
+            kind,
         }
+    }
+
+    /// Whose fault it is.
+    pub fn kind(&self) -> KeyErrorKind {
+        self.kind
     }
 
     /// The name of the extractor that failed.
@@ -104,7 +151,9 @@ impl std::error::Error for KeyError {}
 /// Turns a request head into the [`Key`] it is limited under.
 ///
 /// `Ok(None)` means *exempt*: the request is not limited at all. An error is
-/// answered with the layer's key-error response (500 by default), never a panic.
+/// answered with the layer's key-error response (400 for a
+/// [client](KeyErrorKind::Client) error, 500 for a [server](KeyErrorKind::Server)
+/// one, by default), never a panic.
 ///
 /// Implemented for closures `Fn(&Parts) -> R` where `R` is a [`Key`],
 /// `Option<Key>` (`None` is an error), or `Result<Option<Key>, KeyError>`

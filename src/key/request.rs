@@ -71,7 +71,7 @@ impl KeyExtractor for GrpcMethod {
         if well_formed {
             Ok(Some(Key::new(path)))
         } else {
-            Err(KeyError::new(
+            Err(KeyError::client(
                 "grpc_method",
                 "the path is not a gRPC method (`/package.Service/Method`)",
             ))
@@ -92,6 +92,7 @@ impl KeyExtractor for GrpcMethod {
 /// # let _ = per_client_route;
 /// ```
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MatchedRoute;
 
@@ -100,7 +101,7 @@ impl KeyExtractor for MatchedRoute {
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
         match parts.extensions.get::<axum::extract::MatchedPath>() {
             Some(path) => Ok(Some(Key::new(path.as_str()))),
-            None => Err(KeyError::new(
+            None => Err(KeyError::server(
                 "matched_route",
                 "no axum `MatchedPath` in the request extensions: add the rate limiter with \
                  `Router::layer` or `Router::route_layer`, not around the whole router",

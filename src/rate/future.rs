@@ -3,7 +3,7 @@
 
 use super::body::{BodyMode, WrapBody};
 use super::limiter::{Charged, Limiter};
-use crate::later::{Serve, Served};
+use crate::later::Serve;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -11,7 +11,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use tower_service::Service;
 
 pin_project! {
@@ -52,16 +52,18 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        Poll::Ready(Ok(match ready!(this.serve.poll(cx))? {
-            Served::Inner(res, charged) => {
+        let limiter = &*this.limiter;
+        this.serve.poll_served(
+            cx,
+            |res, charged| {
                 let (mut head, body) = res.into_parts();
-                if let Some(charged) = charged {
-                    this.limiter.finish(charged, head.status, &mut head.headers);
+                if let Some(mut charged) = charged {
+                    limiter.finish(&mut charged, head.status, &mut head.headers);
                 }
                 Response::from_parts(head, M::inner(body))
-            }
-            Served::Answered(res) => res.map(M::limiter),
-        }))
+            },
+            |res| res.map(M::limiter),
+        )
     }
 }
 

@@ -448,6 +448,7 @@ impl Builder<Settings> {
             )
         })?;
         let store = common.store();
+        let backstop = crate::failure::backstop(&*store, common.store_timeout);
         let namespace = Namespace::new(&common.name);
         #[cfg(feature = "redis")]
         let coordinator = match kind.coordinated {
@@ -487,6 +488,7 @@ impl Builder<Settings> {
                 on_rejection: kind.on_rejection,
                 on_key_error: common.on_key_error,
                 store_timeout: common.store_timeout,
+                backstop,
                 shadow: common.shadow,
                 guard,
                 denials,

@@ -58,6 +58,8 @@ pub(crate) struct Limiter {
     pub(crate) on_rejection: Arc<RejectionFn>,
     pub(crate) on_key_error: Arc<KeyErrorFn>,
     pub(crate) store_timeout: Duration,
+    /// The layer's own bound on a store call ([`failure::backstop`]).
+    pub(crate) backstop: Option<Duration>,
     pub(crate) shadow: bool,
     pub(crate) guard: Guard,
     pub(crate) denials: Option<Denials>,
@@ -220,7 +222,7 @@ impl Limiter {
                 let this = self.clone();
                 Later::pending(async move {
                     let resolution = later.await;
-                    this.charge(resolution, cost, grpc).await
+                    this.charge(resolution, cost, grpc).value().await
                 })
             }
         }
@@ -233,10 +235,10 @@ impl Limiter {
             Resolution::Found(key, policy) => (key, policy),
             Resolution::Exempt => {
                 self.metrics().exempt.increment(1);
-                return Later::Now(Some(Verdict::Forward(None)));
+                return Later::Now(Verdict::Forward(None));
             }
             Resolution::Failed(e) => {
-                return Later::Now(Some(Verdict::Answer(self.key_error(&e, grpc))));
+                return Later::Now(Verdict::Answer(self.key_error(&e, grpc)));
             }
         };
         let now_ms = self.clock.now_ms();
@@ -250,7 +252,7 @@ impl Limiter {
         #[cfg(feature = "redis")]
         if let Some(c) = &self.coordinator {
             let decision = c.decide(&asked.key, &asked.policy, cost, now_ms);
-            return Later::Now(Some(self.verdict(asked, Source::Coordinated, Ok(decision))));
+            return Later::Now(self.verdict(asked, Source::Coordinated, Ok(decision)));
         }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) =
@@ -258,28 +260,25 @@ impl Limiter {
             {
                 self.metrics().deny_cache_hits.increment(1);
                 let asked = Asked { policy, ..asked };
-                return Later::Now(Some(self.verdict(asked, Source::Local, Ok(decision))));
+                return Later::Now(self.verdict(asked, Source::Local, Ok(decision)));
             }
         }
         let domain = self.store.failure_domain(&self.namespace, &asked.key);
         let permit = match self.guard.admit(domain, self.metrics()) {
             Ok(permit) => permit,
-            Err(open) => return Later::Now(Some(self.verdict(asked, Source::Local, Err(open)))),
+            Err(open) => return Later::Now(self.verdict(asked, Source::Local, Err(open))),
         };
-        let mut fut = self
-            .store
-            .charge(&self.call(&asked.key, &asked.policy, cost, now_ms));
-        if let Some(result) = fut.now_or_never() {
-            return Later::Now(Some(self.verdict(
-                asked,
-                Source::Store(permit, None),
-                result,
-            )));
-        }
+        let call = self.call(&asked.key, &asked.policy, cost, now_ms);
+        let fut = match self.store.charge(&call).into_ready() {
+            Ok(result) => {
+                return Later::Now(self.verdict(asked, Source::Store(permit, None), result))
+            }
+            Err(fut) => fut,
+        };
         let this = self.clone();
         Later::pending(async move {
             let started = Instant::now();
-            let result = failure::within(this.store_timeout, fut).await;
+            let result = failure::within(this.backstop, fut).await;
             this.verdict(asked, Source::Store(permit, Some(started)), result)
         })
     }
@@ -419,27 +418,21 @@ impl Limiter {
     }
 
     fn key_error(&self, err: &KeyError, grpc: bool) -> Response<Bytes> {
-        self.metrics().key_error.increment(1);
-        self.guard.log.event(Log::KeyError, || {
-            tracing::error!(limiter = self.namespace.name(), error = %err, "rate limit key extraction failed");
-        });
-        if grpc {
-            return grpc::error(grpc::INTERNAL, &err.to_string(), None);
-        }
-        (self.on_key_error)(err)
+        self.guard
+            .key_error(err, grpc, &*self.on_key_error, self.metrics())
     }
 
     /// After the inner service answered: refund if the response is free, then
     /// write the headers (showing the refunded remaining).
     pub(crate) fn finish(
         self: &Arc<Self>,
-        mut charged: Charged,
+        charged: &mut Charged,
         status: StatusCode,
         headers: &mut HeaderMap,
     ) {
         // A zero cost spent nothing: there is nothing to give back.
         if charged.cost > 0 && (self.refund)(status, headers) {
-            self.refund(&charged);
+            self.refund(charged);
             for s in charged.decision.statuses_mut() {
                 *s = s.refunded(charged.cost);
             }
@@ -466,7 +459,7 @@ impl Limiter {
             decision: &c.decision,
         });
         let this = self.clone();
-        if !failure::off_path(fut, self.store_timeout, move |result, started| {
+        if !failure::off_path(fut, self.backstop, move |result, started| {
             if let Err(err) = this.metrics().off_path_done(result, started) {
                 this.guard.log.event(Log::StoreError, || {
                     tracing::warn!(limiter = this.namespace.name(), error = %err, kind = err.kind(), "rate limit refund failed; the charge stands");
@@ -494,7 +487,7 @@ impl Limiter {
         };
         let now_ms = self.clock.now_ms();
         let decision = failure::within(
-            self.store_timeout,
+            self.backstop,
             self.store.status(&self.call(&key, &policy, 0, now_ms)),
         )
         .await

@@ -33,6 +33,7 @@ mod service;
 
 pub use body::{BodyMode, InnerBody, WrapBody};
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use coordinated::Coordinated;
 pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;

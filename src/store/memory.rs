@@ -196,7 +196,7 @@ impl MemoryStore {
                 statuses.push(status);
                 next.push((i, n));
             }
-            let decision = Decision::from_statuses(statuses, cost);
+            let decision = Decision::of(statuses, cost);
             if !decision.is_allowed() {
                 return (decision, None);
             }
@@ -205,23 +205,29 @@ impl MemoryStore {
                 .iter()
                 .map(|s| s.used() as f64 / s.limit.max(1) as f64)
                 .fold(0.0, f64::max);
-            let mut fresh = Entry {
-                slots: SmallVec::new(),
-                used,
-            };
-            let e = match entry {
-                Some(e) => {
-                    e.slots.retain(|s| s.expires_at > now);
-                    e.used = used;
-                    e
+            let commit_all = |e: &mut Entry| {
+                for (i, n) in next {
+                    commit(e, &quotas[i], n, now, cost);
                 }
-                None => &mut fresh,
             };
-            for (i, n) in next {
-                commit(e, &quotas[i], n, now, cost);
+            match entry {
+                Some(e) => {
+                    if e.slots.iter().any(|s| s.expires_at <= now) {
+                        e.slots.retain(|s| s.expires_at > now);
+                    }
+                    e.used = used;
+                    commit_all(e);
+                    (decision, None)
+                }
+                None => {
+                    let mut fresh = Entry {
+                        slots: SmallVec::new(),
+                        used,
+                    };
+                    commit_all(&mut fresh);
+                    (decision, (!fresh.slots.is_empty()).then_some(fresh))
+                }
             }
-            let new = (!fresh.slots.is_empty()).then_some(fresh);
-            (decision, new)
         });
         if made.evicted > 0 {
             metrics::counter!("ratelimit_memory_evictions_total").increment(made.evicted as u64);
@@ -291,21 +297,21 @@ fn commit(e: &mut Entry, q: &Quota, next: Next, now: u64, cost: u64) {
 }
 
 /// Slot ids held per (namespace, key).
-type SlotMap = HashMap<(u64, Key), HashSet<SlotId>>;
+type SlotMap = HashMap<(u64, Key), HashSet<SlotId>, foldhash::fast::RandomState>;
 
 /// In-flight slots: per key, the ids of the requests holding one. Bounded by
 /// the requests in flight: a key's entry goes with its last slot. Leases do
 /// not apply: a crashed process takes its slots with it.
 struct Slots {
     shards: Box<[Mutex<SlotMap>]>,
-    hasher: std::hash::RandomState,
+    hasher: foldhash::fast::RandomState,
 }
 
 impl Slots {
     fn new(shards: usize) -> Self {
         Self {
             shards: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
-            hasher: std::hash::RandomState::new(),
+            hasher: foldhash::fast::RandomState::default(),
         }
     }
 
@@ -380,6 +386,11 @@ impl Store for MemoryStore {
     fn release(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
         self.inner.slots.release(call);
         StoreFuture::ready(Ok(()))
+    }
+
+    /// Every call is answered within it, in-process.
+    fn bounds_calls(&self) -> bool {
+        true
     }
 
     fn keeps_slots(&self) -> bool {

@@ -19,7 +19,12 @@ mod sharded;
 mod slots;
 
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{EvictionCheck, RedisStore, RedisStoreBuilder, TimeSource};
+// The reply parsers, for the fuzz targets in `fuzz/` only.
+#[cfg(all(fuzzing, feature = "redis"))]
+#[doc(hidden)]
+pub use self::redis::fuzzing;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use sharded::{ShardedStore, ShardedStoreBuilder};
 pub use slots::{Acquire, Occupancy, Release, SlotId};
@@ -121,6 +126,19 @@ impl<T> StoreFuture<T> {
     pub fn pending(fut: impl Future<Output = T> + Send + 'static) -> Self {
         StoreFuture {
             inner: Inner::Pending(Box::pin(fut)),
+        }
+    }
+
+    /// The value if it is there at once, else the future to wait for.
+    pub(crate) fn into_ready(self) -> Result<T, Pin<Box<dyn Future<Output = T> + Send + 'static>>>
+    where
+        T: Send + 'static,
+    {
+        match self.inner {
+            Inner::Ready(Some(v)) => Ok(v),
+            // Spent: pending for ever, as when polled.
+            Inner::Ready(None) => Err(Box::pin(std::future::pending())),
+            Inner::Pending(fut) => Err(fut),
         }
     }
 
@@ -227,6 +245,17 @@ pub trait Store: Send + Sync + 'static {
         1
     }
 
+    /// Whether the store itself answers every call within the call's
+    /// `timeout`, counted from when it sends the call (connecting included),
+    /// as the built-in stores do. The layers then add no timer of their own,
+    /// and the time a request waits for a busy runtime to poll it is not
+    /// counted against the store. Defaults to `false`: the layer bounds each
+    /// call by its store timeout from when it starts waiting, whatever the
+    /// store does.
+    fn bounds_calls(&self) -> bool {
+        false
+    }
+
     /// Opens the store's connections ahead of the first request, so that no
     /// request waits for a connection (or a TLS handshake) to be made. The
     /// layers never call it: the application may, before it starts serving
@@ -269,6 +298,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn failure_domains(&self) -> usize {
         (**self).failure_domains()
+    }
+    fn bounds_calls(&self) -> bool {
+        (**self).bounds_calls()
     }
     fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
         (**self).connect()

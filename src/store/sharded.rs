@@ -109,6 +109,7 @@ impl ShardedStoreBuilder {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn shard(self, store: crate::store::RedisStore) -> Self {
         let name = store.shard_name().to_owned();
         self.named_shard(name, store)
@@ -207,6 +208,7 @@ impl ShardedStore {
     /// let store = ShardedStore::from_urls(["redis://10.0.0.1", "redis://10.0.0.2"]).unwrap();
     /// ```
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn from_urls<I>(urls: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator,
@@ -284,6 +286,10 @@ impl Store for ShardedStore {
 
     fn is_local(&self) -> bool {
         self.inner.shards.iter().all(|s| s.store.is_local())
+    }
+
+    fn bounds_calls(&self) -> bool {
+        self.inner.shards.iter().all(|s| s.store.bounds_calls())
     }
 
     fn failure_domain(&self, namespace: &Namespace, key: &Key) -> usize {

@@ -55,7 +55,7 @@ impl RedisStore {
 const SLOTS: &str = ":slots";
 const RELEASED: &str = ":released";
 
-fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError> {
+pub(super) fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError> {
     match *reply {
         [acquired @ (0 | 1), in_flight, now] if in_flight >= 0 && now >= 0 => {
             if sent_now.is_some_and(|t| t != now as u64) {

@@ -180,7 +180,7 @@ pub(super) fn decode(
     if i != r.len() {
         return Err(bad());
     }
-    let decision = Decision::from_statuses(statuses, cost.unwrap_or(0));
+    let decision = Decision::of(statuses, cost.unwrap_or(0));
     if cost.is_some() && decision.is_allowed() != (r[0] == 1) {
         return Err(StoreError::Protocol(format!(
             "charge script decided {} but the state it returned says otherwise: {reply:?}",
