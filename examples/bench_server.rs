@@ -99,6 +99,12 @@ struct Args {
     /// twenty-fold and a timed-out charge would measure the failure path.
     #[arg(long)]
     store_timeout_ms: Option<u64>,
+    /// Count the limiter's decisions made without its store (failed open,
+    /// failed closed or local), served as a number at `GET /failures`,
+    /// outside the limiter. Installs a metrics recorder, which costs a
+    /// little per request: for counting runs, not for speed.
+    #[arg(long)]
+    count_failures: bool,
 }
 
 fn main() {
@@ -214,6 +220,17 @@ async fn serve(args: Args) {
             app.layer(middleware::from_fn_with_state(naive, naive_limit))
         }
     };
+    let app = if args.count_failures {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("no other metrics recorder");
+        app.route(
+            "/failures",
+            get(move || async move { failures(&snapshotter).to_string() }),
+        )
+    } else {
+        app
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .expect("bind");
@@ -235,6 +252,21 @@ async fn serve(args: Args) {
     })
     .await
     .expect("serve");
+}
+
+/// Decisions made without the store so far, whatever the failure policy did.
+fn failures(snapshotter: &metrics_util::debugging::Snapshotter) -> u64 {
+    use metrics_util::debugging::DebugValue;
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "ratelimit_store_failure_decisions_total")
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum()
 }
 
 /// The `none-headers` variant's headers: the names the `memory` variant

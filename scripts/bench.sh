@@ -47,7 +47,7 @@ BIN=$CARGO_TARGET_DIR/release/examples
 
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
-install_missing "wrk redis-server openssl" wrk redis-server redis-cli openssl
+install_missing "wrk redis-server openssl curl" wrk redis-server redis-cli openssl curl
 
 cargo build --quiet --release --features redis,tls --example bench_server --example loadgen
 
@@ -217,8 +217,18 @@ for frac in ${FIXED_FRACTIONS:-0.5 0.25}; do
   done
 done
 
-# The hammering client runs against the Redis variant: only when a Redis
-# variant is in the run.
+failopen() { # connections
+  local conns=$1 reqs failures
+  start_server redis --count-failures --no-deny-cache
+  taskset -c "$LOAD_CPU" wrk -t2 -c"$conns" -d"${SECS}s" "http://$SRV_ADDR/" >"$WORK/wrk.txt"
+  failures=$(curl -sf "http://$SRV_ADDR/failures")
+  stop_server
+  reqs=$(awk '/requests in/ {print $1}' "$WORK/wrk.txt")
+  echo "failopen $conns $reqs $failures" | tee -a "$RESULTS" >&2
+}
+
+# The hammering client and the fail-open counts run against the Redis
+# variant: only when a Redis variant is in the run.
 HAMMER=""
 for v in $VARIANTS; do
   case $v in redis | redis-bare) HAMMER=1 ;; esac
@@ -227,6 +237,13 @@ if [ -n "$HAMMER" ]; then
   echo "hammering client: quota 10/min, wrk -c16 3s" >&2
   hammer "deny cache on"
   hammer "deny cache off" --no-deny-cache
+  # An instance saturated by its clients, with a healthy Redis, must still
+  # decide every request with its store.
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  for conns in 64 2000; do
+    echo "fail-open count: redis variant, no deny cache, wrk -c$conns ${SECS}s" >&2
+    failopen "$conns"
+  done
 fi
 
 read -r STEAL1 TOTAL1 < <(steal_ticks)

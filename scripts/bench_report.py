@@ -9,11 +9,12 @@ RESULTS has one line per measurement, as bench.sh writes them:
     sat ROUND VARIANT RPS P50_US P99_US CPU_US CMDS REDIS_CPU_US NON2XX USER_US KERNEL_US
     fixed ROUND VARIANT RATE sent=… ok=… rejected=… errors=… dropped=… rate=… p50_us=… p99_us=… max_us=…
     hammer deny cache on|off REQUESTS REJECTED COMMANDS
+    failopen CONNECTIONS REQUESTS DECISIONS_WITHOUT_THE_STORE
 scripts/bench_report_test.py checks it on made-up results.
 """
 import sys, statistics as st
 path, machine, rounds, secs, fsecs, conns, steal = sys.argv[1:]
-sat, fix, ham = {}, {}, []
+sat, fix, ham, fo = {}, {}, [], []
 for line in open(path):
     f = line.split()
     if f[0] == "sat":
@@ -25,6 +26,8 @@ for line in open(path):
     elif f[0] == "hammer":
         label = " ".join(f[1:4])
         ham.append((label, *map(float, f[4:7])))
+    elif f[0] == "failopen":
+        fo.append(tuple(map(int, f[1:4])))
 med = st.median
 def per_round(v, against="none"):
     """V's rate over AGAINST's, round by round (None when either did not run)."""
@@ -124,6 +127,8 @@ print()  # a table ends at a blank line
 for label, reqs, non2xx, cmds in ham:
     print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
           f"{int(cmds)} Redis commands ({cmds / max(non2xx, 1):.4f} per rejected request).")
+for conns, reqs, failures in fo:
+    print(f"Saturated Redis variant at {conns} connections: {failures} of {reqs} decisions made without the store.")
 
 # The performance targets, each from what this run measured. A variant that did not
 # run leaves its target out; every measured variant must meet a target for
@@ -164,6 +169,8 @@ target("≤ 1 Redis command per request", both(redis_med("redis", 4), redis_med(
 on = [cmds / max(non2xx, 1) for label, reqs, non2xx, cmds in ham if label == "deny cache on"]
 target("hammering client, deny cache on: Redis commands per rejection near 0 (below 0.001)",
        [("measured", on[0] if on else None)], lambda x: x < 0.001, lambda x: f"{x:.4f}")
+target("saturated, with a healthy Redis: no decision fails open, at 64 and 2,000 connections",
+       [(f"{conns} connections", failures) for conns, reqs, failures in fo], lambda x: x == 0, str)
 if targets:
     print("\nThe targets, from this run (ratios are medians of each round against its own baseline):\n")
     print("| target | measured | verdict |")

@@ -69,6 +69,7 @@ class Targets(unittest.TestCase):
                 fixed(rnd, "redis", 37, 5000),
             ]
         lines += ["hammer deny cache on 100000 100000 2", "hammer deny cache off 50000 50000 12000"]
+        lines += ["failopen 64 400000 0", "failopen 2000 350000 12"]
         got = targets(lines, 2)
         self.assertEqual(got, {
             "memory store ≥ 0.97× of no limiter":
@@ -85,6 +86,8 @@ class Targets(unittest.TestCase):
                 ("with headers 0.07; without headers 0.07", "met"),
             "hammering client, deny cache on: Redis commands per rejection near 0 (below 0.001)":
                 ("measured 0.0000", "met"),
+            "saturated, with a healthy Redis: no decision fails open, at 64 and 2,000 connections":
+                ("64 connections 0; 2000 connections 12", "met 64 connections only"),
         })
 
     def test_targets_whose_variants_did_not_run_are_left_out(self):

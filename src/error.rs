@@ -42,7 +42,8 @@ pub enum StoreError {
     /// The store's answer did not have the expected shape.
     #[error("rate limit store answered something unexpected: {0}")]
     Protocol(String),
-    /// The memory store is at its key cap and is configured to refuse new keys.
+    /// A store that refuses new keys at its cap did (a custom store; the
+    /// memory store makes room instead).
     #[error("rate limit store is tracking its maximum of {max_keys} keys and refuses new ones")]
     Full {
         /// The configured cap.
@@ -50,12 +51,22 @@ pub enum StoreError {
         /// When the earliest tracked state expires, freeing room (Unix ms).
         retry_at_ms: u64,
     },
+    /// So many charges already wait for the store's connection that this one
+    /// was not queued: the instance asks more of the store than it answers.
+    /// Not a fault of the store (the breaker does not count it); the failure
+    /// policy answers the request. Keeping an instance out of that state is
+    /// the load shedder's job ([`LoadShedLayer`](crate::LoadShedLayer)).
+    #[error("{queued} rate limit charges already wait for the store's connection")]
+    Backlog {
+        /// The charges waiting.
+        queued: usize,
+    },
 }
 
 impl StoreError {
     /// A short, stable label for logs and metrics: `timeout`, `unavailable`,
     /// `circuit_open`, `oom`, `busy`, `readonly`, `loading`, `response` (other
-    /// error replies), `protocol` or `full`.
+    /// error replies), `protocol`, `full` or `backlog`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
@@ -70,6 +81,7 @@ impl StoreError {
             },
             StoreError::Protocol(_) => "protocol",
             StoreError::Full { .. } => "full",
+            StoreError::Backlog { .. } => "backlog",
         }
     }
 }

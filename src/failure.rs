@@ -377,8 +377,9 @@ impl Guard {
                     );
                 }
             }
-            // Not a fault of the store: it refuses new keys by design.
-            Err(StoreError::Full { .. }) => {}
+            // Not faults of the store: it refuses new keys by design, or
+            // this instance queued more than it answers.
+            Err(StoreError::Full { .. } | StoreError::Backlog { .. }) => {}
             Err(_) => {
                 if breaker.failure(permit.probe, self.clock.monotonic()) {
                     m.breaker_state.set(1.0);
@@ -399,7 +400,9 @@ impl Guard {
         &self,
         err: &crate::key::KeyError,
         grpc: bool,
-        on_key_error: &crate::builder::KeyErrorFn,
+        on_key_error: &(dyn Fn(&crate::key::KeyError) -> http::Response<bytes::Bytes>
+              + Send
+              + Sync),
         m: &StoreMetrics,
     ) -> http::Response<bytes::Bytes> {
         use crate::key::KeyErrorKind;

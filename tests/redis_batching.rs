@@ -469,7 +469,7 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
     let refused: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert_eq!(refused.len(), 4);
     assert!(
-        refused.iter().all(|e| e.kind() == "unavailable"),
+        refused.iter().all(|e| e.kind() == "backlog"),
         "{:?}",
         refused[0]
     );
@@ -825,4 +825,49 @@ async fn an_idle_connection_the_server_closed_is_replaced_before_the_next_charge
         let d = charge(&store, &ns, &key, &p, now).await.unwrap();
         assert_eq!(d.statuses()[0].remaining, remaining);
     }
+}
+
+#[tokio::test]
+async fn a_charge_that_timed_out_is_never_sent_again() {
+    let Some((server, store, now)) = started().await else {
+        return;
+    };
+    let ns = Namespace::new("timed-out");
+    let key = Key::new("once");
+    let p = fixed(10);
+    server.config_resetstat();
+    // Redis holds every command for 500 ms; the charge gives up after 100.
+    server.cmd(&["CLIENT", "PAUSE", "500", "ALL"]);
+    let r = store
+        .charge(&Charge {
+            namespace: &ns,
+            key: &key,
+            policy: &p,
+            cost: 1,
+            now_ms: now,
+            timeout: Duration::from_millis(100),
+        })
+        .await;
+    assert_eq!(r.unwrap_err().kind(), "timeout");
+    // The call was written before it timed out: Redis runs it once the
+    // pause ends, and nothing sends it again.
+    let hash = store.redis_key(&ns, &key);
+    redis_support::wait_until(
+        Duration::from_secs(5),
+        "the paused call to run",
+        || (server.cmd(&["EXISTS", &hash]).as_int() == 1).then_some(()),
+        String::new,
+    );
+    let later = charge(&store, &ns, &Key::new("other"), &p, now).await;
+    assert!(later.unwrap().is_allowed(), "the store works on");
+    assert_eq!(
+        server.cmd(&["HGET", &hash, "fw60000c"]).as_string(),
+        "1",
+        "charged once"
+    );
+    assert_eq!(
+        server.command_calls("evalsha"),
+        2,
+        "one call each, never re-sent"
+    );
 }

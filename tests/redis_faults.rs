@@ -419,6 +419,49 @@ async fn with_the_breaker_open_requests_make_no_store_call() {
 }
 
 #[tokio::test]
+async fn a_rejection_made_without_the_store_never_enters_the_deny_cache() {
+    if !require_redis() {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.stop();
+    let charges = Arc::new(AtomicUsize::new(0));
+    let store = Counting {
+        inner: fast_store(url),
+        charges: charges.clone(),
+    };
+    let clock = ManualClock::new(SystemClock.now_ms());
+    // Down, the scaled-down local policy decides: 2 admitted, then 429.
+    let l = builder(store, 2, &clock)
+        .on_store_error(OnStoreError::Local { fraction: 1.0 })
+        .circuit_breaker(CircuitBreaker::disabled())
+        .build()
+        .unwrap();
+    let http = TestServer::start(app(Arc::new(AtomicUsize::new(0))).layer(l)).await;
+    let c = HttpClient::new();
+    let url = http.url("/");
+    assert_eq!(fetch(&c, &url, "a").await.status, StatusCode::OK);
+    assert_eq!(fetch(&c, &url, "a").await.status, StatusCode::OK);
+    let local = fetch(&c, &url, "a").await;
+    assert_eq!(
+        local.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        local.body
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 3, "each tried the store");
+    // The store is back, and holds nothing for the client: its next request
+    // goes to the store and is admitted there, not answered from a cache of
+    // the local rejection.
+    server.restart();
+    let back = fetch(&c, &url, "a").await;
+    assert_eq!(back.status, StatusCode::OK, "{}", back.body);
+    assert!(limited(&back), "decided by the store");
+    assert_eq!(charges.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
 async fn the_deny_cache_turns_a_hammering_client_into_one_store_call_per_window_with_identical_headers(
 ) {
     if !require_redis() {

@@ -377,8 +377,7 @@ impl Coordinator {
         let replies = match self
             .cfg
             .store
-            .primary()
-            .query_pipeline(&pipe, self.cfg.sync_budget())
+            .query_pipeline(pipe, self.cfg.sync_budget())
             .await
         {
             Ok(r) => r,

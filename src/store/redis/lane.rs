@@ -33,7 +33,13 @@
 //!   answers every request of the batch with it, through the layer's failure
 //!   policy.
 //! - A lane's queue holds at most [`MAX_QUEUED`] requests; past that a charge
-//!   fails at once rather than queueing behind a stalled Redis.
+//!   fails at once with [`StoreError::Backlog`] (answered by the failure
+//!   policy, not counted by the breaker) rather than queueing without bound.
+//! - A runner forms batches on the application's runtime (so everything
+//!   ready to run joins), but each batch is sent, timed and answered on the
+//!   Redis I/O thread ([`super::io`]), as connections are made and read
+//!   there: a saturated application runtime cannot make a healthy Redis
+//!   look slow.
 //! - A runner dropped mid-way (its runtime shut down) marks its lane idle and
 //!   answers what was queued with an error, so a store shared by several
 //!   runtimes keeps working from the others.
@@ -177,7 +183,7 @@ impl Lanes {
         }
         *slot = None;
         let (node, eviction) = (self.node.clone(), self.eviction);
-        let made = tokio::spawn(async move {
+        let made = super::io::spawn(async move {
             let mut conn = node.connect().await?;
             if let Some(check) = eviction {
                 super::check_eviction(check, &mut conn, node.shown()).await?;
@@ -293,9 +299,7 @@ impl Lanes {
                 continue;
             }
             if q.waiting.len() >= MAX_QUEUED {
-                let _ = tx.send(Err(StoreError::Unavailable(format!(
-                    "{MAX_QUEUED} charges already wait for this redis connection"
-                ))));
+                let _ = tx.send(Err(StoreError::Backlog { queued: MAX_QUEUED }));
                 return rx;
             }
             q.waiting.push((job, tx));
@@ -320,8 +324,9 @@ impl Lanes {
     }
 
     /// Charges `batch` on lane `lane` within its budget, connecting
-    /// included, and hands each request its answer.
-    async fn send_batch(&self, lane: usize, mut batch: Batch) {
+    /// included, and hands each request its answer. Runs on the Redis I/O
+    /// thread, so the budget measures Redis, not the application's runtime.
+    async fn send_batch(self: Arc<Self>, lane: usize, mut batch: Batch) {
         let budget = batch.budget();
         let deadline = Instant::now() + budget;
         let conn = match self.open(lane, deadline, budget).await {
@@ -412,7 +417,9 @@ async fn run_batches(mut running: Running) {
                 }
             }
             if !batch.jobs.is_empty() {
-                in_flight.push(lanes.send_batch(running.lane, batch));
+                in_flight.push(super::io::spawn(
+                    lanes.clone().send_batch(running.lane, batch),
+                ));
                 continue;
             }
         }
@@ -421,7 +428,7 @@ async fn run_batches(mut running: Running) {
         let room = in_flight.len() < BATCHES_IN_FLIGHT;
         tokio::select! {
             biased;
-            Some(()) = in_flight.next() => {}
+            Some(_) = in_flight.next() => {}
             () = lane.wake.notified(), if room => {}
         }
     }

@@ -64,7 +64,15 @@
 //! nothing is replaced. A connection that failed or answered `READONLY` is
 //! replaced, and one idle for a second is checked before it carries a call.
 //! [`Store::connect`](crate::store::Store::connect) opens them before
-//! serving. The application owns time: `now` comes from the layer's clock
+//! serving.
+//!
+//! Every connection, batch sent and store timeout runs on one thread of
+//! the crate's own (`tower-ratelimit-redis`, a small tokio runtime shared by
+//! every Redis store in the process), not on the application's runtime. An
+//! instance whose runtime is saturated still has its replies read as they
+//! arrive and its timeouts measured against Redis alone: its decisions get
+//! slower, never fail open because the instance is busy. A request waits
+//! for its answer on a channel, from any runtime. The application owns time: `now` comes from the layer's clock
 //! (or Redis `TIME`, see [`TimeSource`]); TTLs only clean up.
 //!
 //! # Keys
@@ -142,6 +150,7 @@ mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod concurrency;
+mod io;
 mod keys;
 mod lane;
 mod node;
@@ -388,8 +397,12 @@ impl RedisStoreBuilder {
     /// smaller batches and more Redis CPU per decision; raise it only when
     /// the round trip to Redis is long compared with the time Redis takes to
     /// run a batch (a distant Redis). Each connection queues at most 4,096
-    /// charges; past that, charges fail at once (per the layer's failure
-    /// policy) instead of piling up behind a stalled Redis.
+    /// charges; past that, a charge fails at once with
+    /// [`StoreError::Backlog`] (answered by the layer's failure policy, not
+    /// counted by its breaker) instead of piling up. An instance that gets
+    /// there asks more of Redis than one connection answers: add
+    /// connections, or shed load before the limiter with
+    /// [`LoadShedLayer`](crate::LoadShedLayer).
     ///
     /// Each lane is one multiplexed redis-rs connection: charges, refunds,
     /// status reads and concurrency slots share it, pipelined.
@@ -1011,8 +1024,15 @@ impl RedisStore {
     }
 
     /// The primary's connections (for the coordinated mode's sync).
-    pub(crate) fn primary(&self) -> &Primary {
-        &self.inner.primary
+    /// Sends `pipe` to the primary in one round trip within `budget`, from
+    /// the Redis I/O runtime (the coordinated mode's sync).
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: redis::Pipeline,
+        budget: Duration,
+    ) -> Result<Vec<redis::Value>, StoreError> {
+        let inner = self.inner.clone();
+        io::call(async move { inner.primary.query_pipeline(&pipe, budget).await }).await
     }
 
     /// Whether this store talks to a Redis Cluster.
@@ -1080,7 +1100,16 @@ impl Store for RedisStore {
             timeout: call.timeout,
         };
         let inner = self.inner.clone();
-        StoreFuture::pending(async move { inner.primary.charge(job).await })
+        match &self.inner.primary {
+            // Queued from here; the batch leaves from the I/O runtime.
+            Primary::Lanes(_) => {
+                StoreFuture::pending(async move { inner.primary.charge(job).await })
+            }
+            #[cfg(feature = "cluster")]
+            Primary::Cluster(_) => {
+                StoreFuture::pending(io::call(async move { inner.primary.charge(job).await }))
+            }
+        }
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
@@ -1092,10 +1121,10 @@ impl Store for RedisStore {
         }
         let inner = self.inner.clone();
         let budget = c.timeout;
-        StoreFuture::pending(async move {
+        StoreFuture::pending(io::call(async move {
             let _written: i64 = invoke(&inner.primary, &scripts::REFUND, &cmd, budget).await?;
             Ok(())
-        })
+        }))
     }
 
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
@@ -1108,7 +1137,7 @@ impl Store for RedisStore {
         let inner = self.inner.clone();
         let policy = call.policy.clone();
         let budget = call.timeout;
-        StoreFuture::pending(async move {
+        StoreFuture::pending(io::call(async move {
             let script = &*scripts::STATUS;
             let deadline = tokio::time::Instant::now() + budget;
             let r: Vec<i64> = match inner.replicas.len() {
@@ -1132,7 +1161,7 @@ impl Store for RedisStore {
                 }
             };
             reply::decode(&policy, None, sent_now, &r)
-        })
+        }))
     }
 
     fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
@@ -1158,7 +1187,7 @@ impl Store for RedisStore {
     /// returned once all have tried.
     fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
         let inner = self.inner.clone();
-        StoreFuture::pending(async move {
+        StoreFuture::pending(io::call(async move {
             let mut result = match &inner.primary {
                 Primary::Lanes(lanes) => lanes.connect().await,
                 #[cfg(feature = "cluster")]
@@ -1168,7 +1197,7 @@ impl Store for RedisStore {
                 result = result.and(replica.connect().await);
             }
             result
-        })
+        }))
     }
 }
 

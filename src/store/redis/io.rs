@@ -1,0 +1,67 @@
+//! The thread that talks to Redis.
+//!
+//! Every Redis call of every store in the process (its connections, their
+//! reader tasks, the batch runners and their timeouts) runs on one small
+//! tokio runtime of its own, not on the application's. An application whose
+//! runtime is saturated (every worker busy, thousands of tasks queued) still
+//! has its replies read as they arrive and its store timeouts measured
+//! against Redis alone: the limiter answers later, never fails open because
+//! the instance itself is busy. A request waits for its answer on a channel,
+//! from whatever runtime it runs on.
+
+use crate::error::StoreError;
+use std::future::Future;
+use std::sync::OnceLock;
+use tokio::runtime::{Builder, Handle};
+
+/// The runtime's handle, made on first use; `None` if its thread could not
+/// be made (calls then run on the caller's runtime, as tasks of their own).
+static IO: OnceLock<Option<Handle>> = OnceLock::new();
+
+fn runtime() -> Option<&'static Handle> {
+    IO.get_or_init(|| {
+        let start = || -> std::io::Result<Handle> {
+            let rt = Builder::new_current_thread().enable_all().build()?;
+            let handle = rt.handle().clone();
+            // The thread drives the runtime, and every task spawned on it,
+            // for the life of the process.
+            std::thread::Builder::new()
+                .name("tower-ratelimit-redis".into())
+                .spawn(move || rt.block_on(std::future::pending::<()>()))?;
+            Ok(handle)
+        };
+        start()
+            .map_err(|e| tracing::warn!(error = %e, "cannot start the redis I/O thread; redis calls share the application's runtime"))
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Spawns `fut` on the Redis I/O runtime.
+pub(crate) fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    use tracing::instrument::WithSubscriber;
+    // Its log lines go where the caller's would.
+    let fut = fut.with_current_subscriber();
+    match runtime() {
+        Some(rt) => rt.spawn(fut),
+        None => tokio::spawn(fut),
+    }
+}
+
+/// Runs a store call on the Redis I/O runtime; the caller waits for its
+/// result from its own runtime.
+pub(crate) async fn call<T, F>(fut: F) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    T: Send + 'static,
+{
+    spawn(fut).await.unwrap_or_else(|e| {
+        Err(StoreError::Unavailable(format!(
+            "the redis call's task ended without an answer: {e}"
+        )))
+    })
+}
