@@ -141,6 +141,9 @@ fn demo_rejects_bad_flags_with_a_message_and_a_failure_status() {
         &["--window", "5 parsecs"][..],
         &["--key", "cookie"],
         &["--limit", "0"],
+        // Durations whose seconds overflow a u64 (found by fuzzing).
+        &["--window", "5124095576030432h"],
+        &["--window", "307445734561825861m"],
     ] {
         let out = Command::new(example::example_path("demo"))
             .args(args)
@@ -149,6 +152,7 @@ fn demo_rejects_bad_flags_with_a_message_and_a_failure_status() {
         assert!(!out.status.success(), "{args:?} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.is_empty(), "{args:?} gave no message");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert!(
             out.stdout.is_empty(),
             "{args:?} printed to stdout: no `listening on` line"

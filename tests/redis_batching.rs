@@ -871,3 +871,34 @@ async fn a_charge_that_timed_out_is_never_sent_again() {
         "one call each, never re-sent"
     );
 }
+
+#[tokio::test]
+async fn a_batch_whose_callers_all_gave_up_leaves_the_next_charges_served() {
+    let Some((_server, store, now)) = started().await else {
+        return;
+    };
+    let ns = Namespace::new("abandoned");
+    let (key, p) = (Key::new("k"), fixed(10));
+    // Charges queued, then given up before their batch leaves: the runner,
+    // once it runs, finds only abandoned requests.
+    let mut gone: Vec<_> = (0..3).map(|_| charge(&store, &ns, &key, &p, now)).collect();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for f in &mut gone {
+        assert!(std::pin::Pin::new(f).poll(&mut cx).is_pending());
+    }
+    drop(gone);
+    // Turns for the runner (each yield lets every ready task run once).
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    // A charge after them is sent and answered, not left waiting for a
+    // whole batch to queue.
+    let next = tokio::time::timeout(Duration::from_secs(5), charge(&store, &ns, &key, &p, now))
+        .await
+        .expect("the charge after an abandoned batch was never sent");
+    assert_eq!(
+        next.unwrap().statuses()[0].remaining,
+        9,
+        "only it was charged"
+    );
+}

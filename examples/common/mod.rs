@@ -120,11 +120,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let n: u64 = num
         .parse()
         .map_err(|_| format!("`{s}` is not a duration like 500ms, 1s, 60s, 5m or 1h"))?;
+    let secs = |per: u64| {
+        n.checked_mul(per)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("`{s}` is too long a duration"))
+    };
     let d = match unit {
         "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
+        "" | "s" => secs(1)?,
+        "m" => secs(60)?,
+        "h" => secs(3600)?,
         _ => {
             return Err(format!(
                 "unknown unit `{unit}` in `{s}` (use ms, s, m or h)"

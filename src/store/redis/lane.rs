@@ -405,21 +405,28 @@ async fn run_batches(mut running: Running) {
         // in flight (Redis is far, or the load outgrows one call per round trip).
         if in_flight.len() < BATCHES_IN_FLIGHT {
             let mut batch = Batch::default();
-            {
+            let took = {
                 let mut q = lock(&lane.queue);
                 if q.waiting.is_empty() && in_flight.is_empty() {
                     q.running = false;
                     running.finished = true;
                     return;
                 }
-                if in_flight.is_empty() || q.waiting.len() >= MAX_BATCH {
+                let take = in_flight.is_empty() || q.waiting.len() >= MAX_BATCH;
+                if take {
                     batch.take(&mut q);
                 }
-            }
-            if !batch.jobs.is_empty() {
-                in_flight.push(super::io::spawn(
-                    lanes.clone().send_batch(running.lane, batch),
-                ));
+                take
+            };
+            if took {
+                // A batch whose callers had all given up is dropped; either
+                // way, the queue is looked at again (waiting here instead
+                // would leave the next charges without a runner).
+                if !batch.jobs.is_empty() {
+                    in_flight.push(super::io::spawn(
+                        lanes.clone().send_batch(running.lane, batch),
+                    ));
+                }
                 continue;
             }
         }
