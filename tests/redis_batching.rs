@@ -565,9 +565,8 @@ fn a_charge_made_outside_a_runtime_is_sent_when_a_runtime_polls_it() {
     );
 }
 
-/// A user, password and database in the URL hold for charges too: they
-/// travel on the lane's own socket, which authenticates and selects the
-/// database itself (redis-rs does it for the other calls).
+/// A user, password and database in the URL hold for charges too: redis-rs
+/// authenticates and selects the database on the lane's connection.
 #[tokio::test]
 async fn the_urls_user_password_and_database_hold_for_charges() {
     if !require_redis() {
@@ -609,7 +608,7 @@ async fn the_urls_user_password_and_database_hold_for_charges() {
     assert!(e.to_string().to_lowercase().contains("pass"), "{e}");
 }
 
-/// A Unix-socket URL has no socket of the lane's own: its charges go through
+/// A Unix-socket URL takes the same path as TCP: its charges go through
 /// redis-rs, batched the same way and decided as exactly.
 #[tokio::test]
 async fn a_unix_socket_url_batches_charges_through_redis_rs_as_exactly() {
@@ -901,4 +900,36 @@ async fn a_batch_whose_callers_all_gave_up_leaves_the_next_charges_served() {
         9,
         "only it was charged"
     );
+}
+
+#[tokio::test]
+async fn a_resp3_connection_batches_and_decides_as_exactly() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::new(format!("{}?protocol=resp3", server.url())).unwrap();
+    let ns = Namespace::new("resp3");
+    let (key, p) = (Key::new("k"), fixed(30));
+    let now = SystemClock.now_ms();
+    let monitor = server.monitor();
+    let results = join_all((0..50).map(|_| charge(&store, &ns, &key, &p, now))).await;
+    let seen = monitor.stop();
+    assert!(
+        seen.iter().any(|e| e.command() == "HELLO"),
+        "the connection speaks RESP3"
+    );
+    let mut remaining: Vec<u64> = results
+        .iter()
+        .map(|r| r.as_ref().unwrap())
+        .filter(|d| d.is_allowed())
+        .map(|d| d.statuses()[0].remaining)
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(
+        remaining,
+        (0..30).collect::<Vec<_>>(),
+        "each admitted once, exactly"
+    );
+    assert!(script_calls(&seen).len() < 50, "batched");
 }

@@ -161,6 +161,20 @@ async fn the_errors_and_log_lines_of_failing_connections_show_no_password() {
             .call(http::Request::new(()))
             .await;
     }
+    // Nodes found through Sentinel or a cluster's seeds, nothing listening.
+    let mut found: Vec<RedisStore> = Vec::new();
+    #[cfg(feature = "sentinel")]
+    for url in urls(port) {
+        let b = RedisStore::sentinel_builder("mymaster", [url.as_str()]).node_password(SECRET);
+        found.extend(b.build());
+    }
+    #[cfg(feature = "cluster")]
+    for url in urls(port) {
+        found.extend(RedisStore::cluster_builder([url.as_str()]).build());
+    }
+    for store in &found {
+        both("StoreError (sentinel, cluster)", &charge(store).await);
+    }
     // A server that refuses the password, with a log line about it.
     if redis_support::require_redis() {
         let server = redis_support::RedisServer::start_with(&[
