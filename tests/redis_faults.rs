@@ -368,11 +368,8 @@ impl Store for Counting {
     }
 }
 
-#[tokio::test]
-async fn with_the_breaker_open_requests_make_no_store_call() {
-    if !require_redis() {
-        return;
-    }
+/// A stopped Redis (restartable on its port) and a counting store on it.
+fn counting_on_a_stopped_redis() -> (RedisServer, Counting, Arc<AtomicUsize>) {
     let mut server = RedisServer::start();
     let url = server.url();
     server.stop();
@@ -381,6 +378,15 @@ async fn with_the_breaker_open_requests_make_no_store_call() {
         inner: fast_store(url),
         charges: charges.clone(),
     };
+    (server, store, charges)
+}
+
+#[tokio::test]
+async fn with_the_breaker_open_requests_make_no_store_call() {
+    if !require_redis() {
+        return;
+    }
+    let (mut server, store, charges) = counting_on_a_stopped_redis();
     let clock = ManualClock::new(SystemClock.now_ms());
     let l = builder(store, 10, &clock)
         .circuit_breaker(
@@ -423,14 +429,7 @@ async fn a_rejection_made_without_the_store_never_enters_the_deny_cache() {
     if !require_redis() {
         return;
     }
-    let mut server = RedisServer::start();
-    let url = server.url();
-    server.stop();
-    let charges = Arc::new(AtomicUsize::new(0));
-    let store = Counting {
-        inner: fast_store(url),
-        charges: charges.clone(),
-    };
+    let (mut server, store, charges) = counting_on_a_stopped_redis();
     let clock = ManualClock::new(SystemClock.now_ms());
     // Down, the scaled-down local policy decides: 2 admitted, then 429.
     let l = builder(store, 2, &clock)

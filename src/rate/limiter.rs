@@ -309,17 +309,14 @@ impl Limiter {
                 Verdict::Forward(Some(self.charged(asked, decision, to)))
             }
             Ok(decision) => {
-                let cached = matches!(source, Source::Local);
-                self.reject(asked, decision, !cached && self.caches(source))
+                // Only the store's own rejections are cached: not the deny
+                // cache's (already there), nor a coordinated drop (random:
+                // the next may pass).
+                let cache = matches!(source, Source::Store(..));
+                self.reject(asked, decision, cache)
             }
             Err(err) => self.store_failed(asked, err),
         }
-    }
-
-    /// Whether a rejection from `source` may go into the deny cache: one the
-    /// store made (a coordinated drop is random: the next may pass).
-    fn caches(&self, source: Source) -> bool {
-        matches!(source, Source::Store(..))
     }
 
     fn charged(&self, asked: Asked, decision: Decision, to: ChargedTo) -> Charged {

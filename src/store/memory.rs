@@ -181,11 +181,11 @@ impl MemoryStore {
     fn charge_now(&self, call: &Charge<'_>) -> Decision {
         let (now, cost, quotas) = (call.now_ms, call.cost, call.policy.quotas());
         let key = (call.namespace.id(), *call.key);
-        let (decision, made) = self.inner.rates.update(key, now, |entry| {
-            let mut entry = entry;
+        let (decision, made) = self.inner.rates.update(key, now, |mut entry| {
             let mut statuses = SmallVec::<[_; 2]>::new();
-            let mut next = SmallVec::<[(usize, Next); 2]>::new();
-            for (i, q) in quotas.iter().enumerate() {
+            // What each quota writes if all admit, in policy order.
+            let mut next = SmallVec::<[Next; 2]>::new();
+            for q in quotas {
                 let state = entry.as_deref_mut().and_then(|e| {
                     e.slots
                         .iter_mut()
@@ -194,7 +194,7 @@ impl MemoryStore {
                 });
                 let (status, n) = algorithm::charge(q, state, now, cost);
                 statuses.push(status);
-                next.push((i, n));
+                next.push(n);
             }
             let decision = Decision::of(statuses, cost);
             if !decision.is_allowed() {
@@ -206,8 +206,8 @@ impl MemoryStore {
                 .map(|s| s.used() as f64 / s.limit.max(1) as f64)
                 .fold(0.0, f64::max);
             let commit_all = |e: &mut Entry| {
-                for (i, n) in next {
-                    commit(e, &quotas[i], n, now, cost);
+                for (q, n) in quotas.iter().zip(next) {
+                    commit(e, q, n, now, cost);
                 }
             };
             match entry {

@@ -87,10 +87,10 @@ impl RedisStore {
         cmd.arg(call.limit).arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
-        StoreFuture::pending(super::io::call(async move {
+        super::io::store_future(async move {
             let reply: Vec<i64> = invoke(&inner.primary, script, &cmd, budget).await?;
             decode(sent_now, &reply)
-        }))
+        })
     }
 
     /// [`Store::release`](crate::store::Store::release).
@@ -101,10 +101,10 @@ impl RedisStore {
         cmd.arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
-        StoreFuture::pending(super::io::call(async move {
+        super::io::store_future(async move {
             let _released: i64 = invoke(&inner.primary, script, &cmd, budget).await?;
             Ok(())
-        }))
+        })
     }
 }
 

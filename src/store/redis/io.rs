@@ -10,6 +10,7 @@
 //! from whatever runtime it runs on.
 
 use crate::error::StoreError;
+use crate::store::StoreFuture;
 use std::future::Future;
 use std::sync::OnceLock;
 use tokio::runtime::{Builder, Handle};
@@ -50,6 +51,16 @@ where
         Some(rt) => rt.spawn(fut),
         None => tokio::spawn(fut),
     }
+}
+
+/// A store call run on the Redis I/O runtime, as the store's answer: the
+/// caller waits for it from its own runtime.
+pub(crate) fn store_future<T, F>(fut: F) -> StoreFuture<Result<T, StoreError>>
+where
+    F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    T: Send + 'static,
+{
+    StoreFuture::pending(call(fut))
 }
 
 /// Runs a store call on the Redis I/O runtime; the caller waits for its

@@ -1106,9 +1106,7 @@ impl Store for RedisStore {
                 StoreFuture::pending(async move { inner.primary.charge(job).await })
             }
             #[cfg(feature = "cluster")]
-            Primary::Cluster(_) => {
-                StoreFuture::pending(io::call(async move { inner.primary.charge(job).await }))
-            }
+            Primary::Cluster(_) => io::store_future(async move { inner.primary.charge(job).await }),
         }
     }
 
@@ -1121,10 +1119,10 @@ impl Store for RedisStore {
         }
         let inner = self.inner.clone();
         let budget = c.timeout;
-        StoreFuture::pending(io::call(async move {
+        io::store_future(async move {
             let _written: i64 = invoke(&inner.primary, &scripts::REFUND, &cmd, budget).await?;
             Ok(())
-        }))
+        })
     }
 
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
@@ -1137,7 +1135,7 @@ impl Store for RedisStore {
         let inner = self.inner.clone();
         let policy = call.policy.clone();
         let budget = call.timeout;
-        StoreFuture::pending(io::call(async move {
+        io::store_future(async move {
             let script = &*scripts::STATUS;
             let deadline = tokio::time::Instant::now() + budget;
             let r: Vec<i64> = match inner.replicas.len() {
@@ -1161,7 +1159,7 @@ impl Store for RedisStore {
                 }
             };
             reply::decode(&policy, None, sent_now, &r)
-        }))
+        })
     }
 
     fn acquire(&self, call: &Acquire<'_>) -> StoreFuture<Result<Occupancy, StoreError>> {
@@ -1187,7 +1185,7 @@ impl Store for RedisStore {
     /// returned once all have tried.
     fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
         let inner = self.inner.clone();
-        StoreFuture::pending(io::call(async move {
+        io::store_future(async move {
             let mut result = match &inner.primary {
                 Primary::Lanes(lanes) => lanes.connect().await,
                 #[cfg(feature = "cluster")]
@@ -1197,7 +1195,7 @@ impl Store for RedisStore {
                 result = result.and(replica.connect().await);
             }
             result
-        }))
+        })
     }
 }
 
