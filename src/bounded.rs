@@ -11,12 +11,12 @@
 //! the least of its quota). A flood of new keys therefore evicts keys like its
 //! own, not the clients that use their quota.
 //!
-//! Each shard is an `IndexMap` behind a short lock: a lookup by key and a
-//! pick at random are both O(1).
+//! Each shard is a hash table holding its entries inline (a lookup touches
+//! one place in memory), and beside it a list of the entries' hashes, for
+//! picking one at random in O(1).
 
 use foldhash::fast::RandomState;
-use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
-use indexmap::IndexMap;
+use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -50,8 +50,19 @@ pub(crate) struct Bounded<K, V: Entry> {
     hasher: RandomState,
 }
 
+/// One entry where it is stored.
+struct Stored<K, V> {
+    key: K,
+    value: V,
+    hash: u64,
+    /// Where its hash is in the shard's `order`.
+    at: usize,
+}
+
 struct Shard<K, V: Entry> {
-    map: IndexMap<K, V, RandomState>,
+    table: HashTable<Stored<K, V>>,
+    /// Every entry's hash, in no particular order: `order[e.at] == e.hash`.
+    order: Vec<u64>,
     /// When the last full sweep for expired entries ran.
     swept: Option<V::Now>,
 }
@@ -61,21 +72,19 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
     pub(crate) fn new(cap: usize, shards: usize) -> Self {
         let cap = cap.max(1);
         let n = shards.clamp(1, cap);
-        // One hasher for the shard choice and every shard's map: a key is
-        // hashed once per call.
-        let hasher = RandomState::default();
         Self {
             shards: (0..n)
                 .map(|_| {
                     Mutex::new(Shard {
-                        map: IndexMap::with_hasher(hasher.clone()),
+                        table: HashTable::new(),
+                        order: Vec::new(),
                         swept: None,
                     })
                 })
                 .collect(),
             // Rounded down: the map never holds more than `cap`.
             per_shard: cap / n,
-            hasher,
+            hasher: RandomState::default(),
         }
     }
 
@@ -85,11 +94,16 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
         self.per_shard * self.shards.len()
     }
 
-    /// `key`'s hash and its shard, locked. The shard is chosen by the
-    /// hash's high bits; the map within it uses the same hash.
+    /// `key`'s hash and its shard, locked; the table within it uses the
+    /// same hash.
     fn shard(&self, key: &K) -> (u64, MutexGuard<'_, Shard<K, V>>) {
         let hash = self.hasher.hash_one(key);
-        let i = (hash >> 32) as usize % self.shards.len();
+        // Bits 25..57 scaled to the shard count (a multiply, not a division).
+        // The table uses the top 7 bits to tell entries apart and the low
+        // bits to place them: were the shard chosen by either, the keys of
+        // one shard would share them, and every lookup would compare keys
+        // that cannot match.
+        let i = ((((hash >> 25) & 0xffff_ffff) * self.shards.len() as u64) >> 32) as usize;
         // Nothing in a critical section panics on client input; if something
         // else did, the entries are still consistent, so keep going.
         let shard = self.shards[i]
@@ -108,37 +122,24 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
         f: impl FnOnce(Option<&mut V>) -> (R, Option<V>),
     ) -> (R, Made) {
         let (hash, mut shard) = self.shard(&key);
-        let map = &mut shard.map;
-        let found = map
-            .raw_entry_v1()
-            .from_hash_full(hash, |k| *k == key)
-            .map(|(i, _, _)| i);
-        let live = match found {
-            Some(i) if map[i].expired(now) => {
-                map.swap_remove_index(i);
-                None
+        if let Some(e) = shard.table.find_mut(hash, |e| e.key == key) {
+            if !e.value.expired(now) {
+                let (out, new) = f(Some(&mut e.value));
+                if let Some(v) = new {
+                    e.value = v;
+                }
+                return (out, Made::default());
             }
-            found => found,
-        };
-        let (out, new) = match live {
-            Some(i) => f(Some(&mut map[i])),
-            None => f(None),
-        };
+            let at = e.at;
+            shard.remove(hash, at);
+        }
+        let (out, new) = f(None);
         let mut made = Made::default();
-        match (new, live) {
-            (Some(v), Some(i)) => shard.map[i] = v,
-            (Some(v), None) => {
-                if shard.map.len() >= self.per_shard {
-                    made.evicted = shard.make_room(now);
-                }
-                // Absent (it was looked up above): the slot is vacant.
-                if let RawEntryMut::Vacant(slot) =
-                    shard.map.raw_entry_mut_v1().from_hash(hash, |k| *k == key)
-                {
-                    slot.insert_hashed_nocheck(hash, key, v);
-                }
+        if let Some(value) = new {
+            if shard.table.len() >= self.per_shard {
+                made.evicted = shard.make_room(now);
             }
-            (None, _) => {}
+            shard.insert(hash, key, value);
         }
         (out, made)
     }
@@ -146,11 +147,8 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
     /// A copy of what `f` reads of `key`'s entry, if it is there and live.
     pub(crate) fn read<R>(&self, key: &K, now: V::Now, f: impl FnOnce(&V) -> R) -> Option<R> {
         let (hash, shard) = self.shard(key);
-        let (_, v) = shard
-            .map
-            .raw_entry_v1()
-            .from_key_hashed_nocheck(hash, key)?;
-        (!v.expired(now)).then(|| f(v))
+        let e = shard.table.find(hash, |e| e.key == *key)?;
+        (!e.value.expired(now)).then(|| f(&e.value))
     }
 
     /// Keeps only the entries for which `f` says `true`, shard by shard.
@@ -160,8 +158,7 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
             shard
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .map
-                .retain(|k, v| f(k, v));
+                .retain(|e| f(&e.key, &mut e.value));
         }
     }
 
@@ -169,50 +166,95 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
     pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).table.len())
             .sum()
     }
 }
 
 impl<K, V: Entry> Shard<K, V> {
+    fn insert(&mut self, hash: u64, key: K, value: V) {
+        let at = self.order.len();
+        self.order.push(hash);
+        self.table.insert_unique(
+            hash,
+            Stored {
+                key,
+                value,
+                hash,
+                at,
+            },
+            |e| e.hash,
+        );
+    }
+
+    /// Removes the entry whose hash is at `order[at]`; the last hash moves
+    /// into its place.
+    fn remove(&mut self, hash: u64, at: usize) {
+        if let Ok(e) = self.table.find_entry(hash, |e| e.at == at) {
+            e.remove();
+        }
+        let last = self.order.len() - 1;
+        self.order.swap_remove(at);
+        if at < last {
+            let moved = self.order[at];
+            if let Some(e) = self.table.find_mut(moved, |e| e.at == last) {
+                e.at = at;
+            }
+        }
+    }
+
+    /// The entry whose hash is at `order[at]` (always there: `order` and
+    /// the table change together).
+    fn at(&self, at: usize) -> Option<&V> {
+        let hash = *self.order.get(at)?;
+        self.table.find(hash, |e| e.at == at).map(|e| &e.value)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&mut Stored<K, V>) -> bool) {
+        self.table.retain(|e| keep(e));
+        self.order.clear();
+        for e in self.table.iter_mut() {
+            e.at = self.order.len();
+            self.order.push(e.hash);
+        }
+    }
+
     /// Makes room in a full shard: expired entries go first (of a sample,
     /// else in a sweep); failing that, the sampled entry worth least.
     /// Returns how many live entries went.
     fn make_room(&mut self, now: V::Now) -> usize {
-        let map = &mut self.map;
-        let mut picks: Vec<usize> = (0..SAMPLE.min(map.len()))
-            .map(|_| fastrand::usize(..map.len()))
-            .collect();
+        let n = self.order.len();
+        let mut picks: Vec<usize> = (0..SAMPLE.min(n)).map(|_| fastrand::usize(..n)).collect();
         picks.sort_unstable();
         picks.dedup();
         let expired: Vec<usize> = picks
             .iter()
             .copied()
-            .filter(|&i| map[i].expired(now))
+            .filter(|&i| self.at(i).is_some_and(|v| v.expired(now)))
             .collect();
         if !expired.is_empty() {
-            // Highest index first: a swap-remove moves only the last entry.
+            // Highest position first: a removal moves only the last hash.
             for &i in expired.iter().rev() {
-                map.swap_remove_index(i);
+                self.remove(self.order[i], i);
             }
             return 0;
         }
         if self.swept != Some(now) {
             self.swept = Some(now);
-            let before = map.len();
-            map.retain(|_, v| !v.expired(now));
-            if map.len() < before {
+            let before = self.table.len();
+            self.retain(|e| !e.value.expired(now));
+            if self.table.len() < before {
                 return 0;
             }
         }
-        let least = picks.iter().copied().min_by(|&a, &b| {
-            let (wa, ta) = map[a].worth(now);
-            let (wb, tb) = map[b].worth(now);
-            wa.total_cmp(&wb).then(ta.cmp(&tb))
-        });
+        let least = picks
+            .iter()
+            .filter_map(|&i| Some((i, self.at(i)?.worth(now))))
+            .min_by(|(_, (wa, ta)), (_, (wb, tb))| wa.total_cmp(wb).then(ta.cmp(tb)))
+            .map(|(i, _)| i);
         match least {
             Some(i) => {
-                map.swap_remove_index(i);
+                self.remove(self.order[i], i);
                 1
             }
             None => 0,
@@ -238,6 +280,15 @@ mod tests {
         fn worth(&self, _: u64) -> (f64, u64) {
             (self.worth, self.until)
         }
+    }
+
+    /// Every listed hash names exactly one entry, at its place.
+    fn consistent(m: &Bounded<u64, E>) -> bool {
+        m.shards.iter().all(|s| {
+            let s = s.lock().unwrap();
+            s.order.len() == s.table.len()
+                && s.table.iter().all(|e| s.order.get(e.at) == Some(&e.hash))
+        })
     }
 
     fn put(m: &Bounded<u64, E>, key: u64, now: u64, worth: f64) -> Made {
@@ -283,6 +334,35 @@ mod tests {
         // Nothing else has expired: the next new key evicts one.
         assert_eq!(put(&m, 5_001, 1_000, 1.0).evicted, 1);
         assert_eq!(m.len(), 1_000);
+        assert!(consistent(&m));
+    }
+
+    #[test]
+    fn the_list_of_hashes_stays_true_to_the_entries_through_every_change() {
+        let m: Bounded<u64, E> = Bounded::new(64, 2);
+        for k in 0..10_000u64 {
+            // Some keys expire soon, some late: samples, sweeps, evictions
+            // and replaced expired entries all happen.
+            let now = k / 10;
+            m.update(k % 300, now, |e| {
+                let worth = (k % 7) as f64;
+                match e {
+                    Some(e) => {
+                        e.until = now + k % 5;
+                        ((), None)
+                    }
+                    None => (
+                        (),
+                        Some(E {
+                            until: now + k % 5,
+                            worth,
+                        }),
+                    ),
+                }
+            });
+            assert!(consistent(&m), "after key {k}");
+            assert!(m.len() <= m.cap());
+        }
     }
 
     #[test]

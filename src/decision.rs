@@ -87,26 +87,46 @@ impl Decision {
     }
 
     /// [`from_statuses`](Self::from_statuses) for statuses already collected.
-    pub(crate) fn of(mut statuses: Statuses, cost: u64) -> Self {
-        let allowed = statuses.iter().all(|s| s.allowed);
-        if !allowed {
-            // All or nothing: quotas that would have admitted were not charged either.
-            for s in statuses.iter_mut().filter(|s| s.allowed) {
-                *s = s.refunded(cost);
-            }
-        }
-        let reason = if allowed {
-            None
-        } else if statuses.iter().any(|s| cost > s.limit) {
-            Some(RejectReason::CostExceedsLimit)
-        } else {
-            Some(RejectReason::Exhausted)
-        };
+    pub(crate) fn of(statuses: Statuses, cost: u64) -> Self {
+        let mut d = Self::empty();
+        d.statuses = statuses;
+        d.decide(cost);
+        d
+    }
+
+    /// A decision with no statuses yet: [`push`](Self::push) them, then
+    /// [`decide`](Self::decide).
+    pub(crate) fn empty() -> Self {
         Self {
-            allowed,
-            reason,
-            statuses,
+            allowed: true,
+            reason: None,
+            statuses: Statuses::new(),
         }
+    }
+
+    /// Adds the next quota's status (in policy order), as charged.
+    pub(crate) fn push(&mut self, status: QuotaStatus) {
+        self.statuses.push(status);
+    }
+
+    /// Decides from the statuses pushed: allowed only if every quota
+    /// allows; otherwise nothing is charged, and the statuses say so.
+    pub(crate) fn decide(&mut self, cost: u64) {
+        let statuses = &mut self.statuses;
+        self.allowed = statuses.iter().all(|s| s.allowed);
+        if self.allowed {
+            self.reason = None;
+            return;
+        }
+        // All or nothing: quotas that would have admitted were not charged either.
+        for s in statuses.iter_mut().filter(|s| s.allowed) {
+            *s = s.refunded(cost);
+        }
+        self.reason = Some(if statuses.iter().any(|s| cost > s.limit) {
+            RejectReason::CostExceedsLimit
+        } else {
+            RejectReason::Exhausted
+        });
     }
 
     /// Whether the request is admitted (and was charged).

@@ -236,6 +236,9 @@ pub struct Quota {
     /// `None`: the limit (token bucket and GCRA only).
     burst: Option<u64>,
     name: Option<Cow<'static, str>>,
+    /// The token-bucket / GCRA rate, made from the fields above whenever
+    /// they change: a charge reads it instead of recomputing a GCD.
+    rate: Rate,
 }
 
 impl Quota {
@@ -288,6 +291,7 @@ impl Quota {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             name: None,
+            rate: Rate::capped(limit, window_ms, limit),
         }
     }
 
@@ -361,6 +365,7 @@ impl Quota {
             return Err(ConfigError::new("a quota's burst must be at least 1"));
         }
         self.burst = Some(burst);
+        self.rate = Rate::capped(self.limit, self.window_ms, burst);
         self.check()?;
         Ok(self)
     }
@@ -455,7 +460,7 @@ impl Quota {
 
     /// The token-bucket / GCRA rate of the quota in exact fine units.
     pub(crate) fn rate(&self) -> Rate {
-        Rate::capped(self.limit, self.window_ms, self.burst_size())
+        self.rate
     }
 }
 
@@ -478,7 +483,7 @@ pub(crate) fn format_window(ms: u64) -> String {
 /// `g = gcd(limit, window_ms)`, one token is `unit = window_ms / g` fine
 /// units and `per_ms = limit / g` fine units refill every millisecond, so
 /// nothing is ever rounded. A full bucket is `capacity = burst * unit`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Rate {
     /// Fine units per token.
     pub(crate) unit: u64,
@@ -517,14 +522,17 @@ impl Rate {
 
     /// As [`Rate::of`], holding at most as many tokens as fit 2^52 fine units
     /// (only reachable for quotas scaled down internally, never as configured).
-    fn capped(limit: u64, window_ms: u64, burst: u64) -> Rate {
-        let unit = window_ms / gcd(limit, window_ms);
-        let burst = burst.min(EXACT / unit).max(1);
+    const fn capped(limit: u64, window_ms: u64, burst: u64) -> Rate {
+        let g = gcd(limit, window_ms);
+        let unit = window_ms / g;
+        let most = EXACT / unit;
+        let burst = if burst > most { most } else { burst };
+        let burst = if burst == 0 { 1 } else { burst };
         match Rate::of(limit, window_ms, burst) {
             Some(r) => r,
             None => Rate {
                 unit,
-                per_ms: limit / gcd(limit, window_ms),
+                per_ms: limit / g,
                 burst: 1,
                 capacity: unit,
             },
@@ -632,10 +640,14 @@ impl Policy {
         let quotas: Vec<Quota> = self
             .quotas()
             .iter()
-            .map(|q| Quota {
-                limit: scale(q.limit),
-                burst: q.burst.map(scale),
-                ..q.clone()
+            .map(|q| {
+                let (limit, burst) = (scale(q.limit), q.burst.map(scale));
+                Quota {
+                    limit,
+                    burst,
+                    rate: Rate::capped(limit, q.window_ms, burst.unwrap_or(limit)),
+                    ..q.clone()
+                }
             })
             .collect();
         Policy::of(quotas)

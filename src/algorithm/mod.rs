@@ -47,6 +47,7 @@ macro_rules! state_as {
 /// Evaluates `cost` against `quota` at `now`: the status, and what to write
 /// if every quota of the policy admits the request. A sliding log is pruned
 /// in place first (dropping expired entries changes no decision).
+#[inline]
 pub(crate) fn charge(
     quota: &Quota,
     state: Option<&mut State>,
@@ -129,6 +130,7 @@ fn peek_any(quota: &Quota, state: Option<&State>, now: u64) -> QuotaStatus {
 
 impl Next {
     /// Writes an admitted charge into `state`, or returns the state to create.
+    #[inline]
     pub(crate) fn apply(self, state: Option<&mut State>, now: u64, cost: u64) -> Option<State> {
         match (self, state) {
             (Next::Set(new), Some(s)) => {
@@ -156,6 +158,7 @@ fn new_log(now: u64, cost: u64) -> sliding_log::Log {
 }
 
 /// Unix ms after which `state` carries no information (reads as absent).
+#[inline]
 pub(crate) fn expires_at(quota: &Quota, state: &State) -> u64 {
     match state {
         State::FixedWindow(s) => s.reset_ms,

@@ -5,7 +5,7 @@ use super::slots::{Acquire, Occupancy, Release, SlotId};
 use super::{Charge, Refund, Store, StoreFuture};
 use crate::algorithm::{self, Next, State};
 use crate::bounded::{self, Bounded};
-use crate::decision::Decision;
+use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Quota;
@@ -55,7 +55,42 @@ struct Entry {
     slots: SmallVec<[Slot; 1]>,
     /// The largest share of a quota the key had used at its last charge:
     /// what evicting it would hand back.
-    used: f64,
+    used: Share,
+}
+
+/// `used` units of a quota of `limit`: compared by cross-multiplying, so
+/// the charge path divides nothing.
+#[derive(Clone, Copy, Debug)]
+struct Share {
+    used: u64,
+    limit: u64,
+}
+
+impl Share {
+    const NONE: Share = Share { used: 0, limit: 1 };
+
+    /// The largest share among `statuses`.
+    fn most(statuses: &[QuotaStatus]) -> Share {
+        statuses
+            .iter()
+            .map(|s| Share {
+                used: s.used(),
+                limit: s.limit.max(1),
+            })
+            .fold(Share::NONE, |a, b| {
+                if u128::from(b.used) * u128::from(a.limit)
+                    > u128::from(a.used) * u128::from(b.limit)
+                {
+                    b
+                } else {
+                    a
+                }
+            })
+    }
+
+    fn fraction(self) -> f64 {
+        self.used as f64 / self.limit as f64
+    }
 }
 
 struct Slot {
@@ -72,6 +107,58 @@ impl Entry {
     fn expires_at(&self) -> u64 {
         self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
     }
+
+    /// Charges `cost` to every quota, all or nothing: each quota's slot is
+    /// looked up once, evaluated, and written only if every quota admits.
+    fn charge(&mut self, quotas: &[Quota], now: u64, cost: u64, decision: &mut Decision) {
+        // Where each quota's slot is, and what it writes if all admit.
+        let mut next = SmallVec::<[(Option<usize>, Next); 2]>::new();
+        for q in quotas {
+            let at = self.slots.iter().position(|s| s.id == slot_of(q));
+            let state = at.map(|i| &mut self.slots[i].state);
+            let (status, n) = algorithm::charge(q, state, now, cost);
+            // Rebuilt field by field, not moved whole: a move also copies the
+            // padding after `allowed`, whose one-byte store the wide load of
+            // the copy then waits on (a store-forwarding stall, a seventh
+            // of a hot-key charge in `benches/memory.rs`).
+            decision.push(QuotaStatus {
+                allowed: status.allowed,
+                ..status
+            });
+            next.push((at, n));
+        }
+        decision.decide(cost);
+        if decision.is_allowed() {
+            for (q, (at, n)) in quotas.iter().zip(next.drain(..)) {
+                self.commit(at, q, n, now, cost);
+            }
+            self.used = Share::most(decision.statuses());
+            if self.slots.iter().any(|s| s.expires_at <= now) {
+                self.slots.retain(|s| s.expires_at > now);
+            }
+        }
+    }
+
+    /// Writes an admitted charge of `cost` to quota `q`'s slot (at index
+    /// `at`, or new).
+    fn commit(&mut self, at: Option<usize>, q: &Quota, next: Next, now: u64, cost: u64) {
+        match at {
+            Some(i) => {
+                let slot = &mut self.slots[i];
+                next.apply(Some(&mut slot.state), now, cost);
+                slot.expires_at = algorithm::expires_at(q, &slot.state);
+            }
+            None => {
+                if let Some(state) = next.apply(None, now, cost) {
+                    self.slots.push(Slot {
+                        id: slot_of(q),
+                        expires_at: algorithm::expires_at(q, &state),
+                        state,
+                    });
+                }
+            }
+        }
+    }
 }
 
 impl bounded::Entry for Entry {
@@ -84,7 +171,7 @@ impl bounded::Entry for Entry {
     /// The least used goes first; of equally used keys, the one whose
     /// state expires soonest (the oldest).
     fn worth(&self, _now: u64) -> (f64, u64) {
-        (self.used, self.expires_at())
+        (self.used.fraction(), self.expires_at())
     }
 }
 
@@ -178,61 +265,29 @@ impl MemoryStore {
         self.inner.slots.held(&(namespace.id(), *key))
     }
 
-    fn charge_now(&self, call: &Charge<'_>) -> Decision {
+    /// Charges `call` into `decision` (empty), written where the caller
+    /// reads it: a decision built and then returned through each frame
+    /// would be copied, field by field, at every step.
+    fn charge_into(&self, call: &Charge<'_>, decision: &mut Decision) {
         let (now, cost, quotas) = (call.now_ms, call.cost, call.policy.quotas());
         let key = (call.namespace.id(), *call.key);
-        let (decision, made) = self.inner.rates.update(key, now, |mut entry| {
-            let mut statuses = SmallVec::<[_; 2]>::new();
-            // What each quota writes if all admit, in policy order.
-            let mut next = SmallVec::<[Next; 2]>::new();
-            for q in quotas {
-                let state = entry.as_deref_mut().and_then(|e| {
-                    e.slots
-                        .iter_mut()
-                        .find(|s| s.id == slot_of(q))
-                        .map(|s| &mut s.state)
-                });
-                let (status, n) = algorithm::charge(q, state, now, cost);
-                statuses.push(status);
-                next.push(n);
+        let ((), made) = self.inner.rates.update(key, now, |entry| match entry {
+            Some(e) => {
+                e.charge(quotas, now, cost, decision);
+                ((), None)
             }
-            let decision = Decision::of(statuses, cost);
-            if !decision.is_allowed() {
-                return (decision, None);
-            }
-            let used = decision
-                .statuses()
-                .iter()
-                .map(|s| s.used() as f64 / s.limit.max(1) as f64)
-                .fold(0.0, f64::max);
-            let commit_all = |e: &mut Entry| {
-                for (q, n) in quotas.iter().zip(next) {
-                    commit(e, q, n, now, cost);
-                }
-            };
-            match entry {
-                Some(e) => {
-                    if e.slots.iter().any(|s| s.expires_at <= now) {
-                        e.slots.retain(|s| s.expires_at > now);
-                    }
-                    e.used = used;
-                    commit_all(e);
-                    (decision, None)
-                }
-                None => {
-                    let mut fresh = Entry {
-                        slots: SmallVec::new(),
-                        used,
-                    };
-                    commit_all(&mut fresh);
-                    (decision, (!fresh.slots.is_empty()).then_some(fresh))
-                }
+            None => {
+                let mut fresh = Entry {
+                    slots: SmallVec::new(),
+                    used: Share::NONE,
+                };
+                fresh.charge(quotas, now, cost, decision);
+                ((), (!fresh.slots.is_empty()).then_some(fresh))
             }
         });
         if made.evicted > 0 {
             metrics::counter!("ratelimit_memory_evictions_total").increment(made.evicted as u64);
         }
-        decision
     }
 
     fn refund_now(&self, call: &Refund<'_>) {
@@ -274,25 +329,6 @@ impl MemoryStore {
             .rates
             .read(&key, call.now_ms, |e| peek(Some(e)))
             .unwrap_or_else(|| peek(None))
-    }
-}
-
-/// Writes an admitted charge of `cost` to quota `q`'s slot of `e`.
-fn commit(e: &mut Entry, q: &Quota, next: Next, now: u64, cost: u64) {
-    match e.slots.iter_mut().find(|s| s.id == slot_of(q)) {
-        Some(slot) => {
-            next.apply(Some(&mut slot.state), now, cost);
-            slot.expires_at = algorithm::expires_at(q, &slot.state);
-        }
-        None => {
-            if let Some(state) = next.apply(None, now, cost) {
-                e.slots.push(Slot {
-                    id: slot_of(q),
-                    expires_at: algorithm::expires_at(q, &state),
-                    state,
-                });
-            }
-        }
     }
 }
 
@@ -365,7 +401,11 @@ impl Slots {
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        StoreFuture::ready(Ok(self.charge_now(call)))
+        let mut answer = StoreFuture::ready(Ok(Decision::empty()));
+        if let Some(Ok(decision)) = answer.ready_mut() {
+            self.charge_into(call, decision);
+        }
+        answer
     }
 
     fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
