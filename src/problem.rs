@@ -7,6 +7,14 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::fmt::Write as _;
 
+/// The IETF RateLimit draft's problem type for a request over a quota.
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// The IETF RateLimit draft's problem type for a request refused while the
+/// service has less capacity than usual (load shedding).
+pub(crate) const TEMPORARY_REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+
 /// A problem document: `{"type":…,"title":…,"status":…,"detail":…}`, with
 /// the optional members the limiters add.
 #[derive(Debug)]
@@ -91,11 +99,25 @@ pub fn default_key_error(err: &KeyError) -> Response<Bytes> {
 /// The limiter cannot decide (store down and failing closed): 503 with
 /// `Retry-After`, or gRPC `UNAVAILABLE` with the same delay.
 pub(crate) fn unavailable(grpc: bool, retry_after_secs: u64, detail: &str) -> Response<Bytes> {
+    unavailable_as("about:blank", grpc, retry_after_secs, detail)
+}
+
+/// [`unavailable`] with the problem type `kind`.
+pub(crate) fn unavailable_as(
+    kind: &str,
+    grpc: bool,
+    retry_after_secs: u64,
+    detail: &str,
+) -> Response<Bytes> {
     let secs = retry_after_secs.max(1);
     if grpc {
         return grpc::error(grpc::UNAVAILABLE, detail, Some(secs * 1000));
     }
-    let mut res = Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail).response();
+    let mut res = Problem {
+        kind,
+        ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+    }
+    .response();
     crate::headers::retry_after(res.headers_mut(), secs);
     res
 }
@@ -132,7 +154,7 @@ mod tests {
         let res = Problem {
             retry_after: Some(3),
             violated: &["1m", "tok\"ens"],
-            kind: "https://iana.org/assignments/http-problem-types#quota-exceeded",
+            kind: QUOTA_EXCEEDED,
             ..Problem::new(StatusCode::TOO_MANY_REQUESTS, "slow down")
         }
         .response();

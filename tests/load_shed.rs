@@ -72,6 +72,13 @@ fn assert_shed(r: &Reply, class: Priority) {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
     assert_eq!(r.header_u64("retry-after"), 1);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(
+        r.body.contains(
+            r#""type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity""#
+        ),
+        "{}",
+        r.body
+    );
     assert!(r.body.contains(class.as_str()), "{}", r.body);
 }
 

@@ -56,6 +56,12 @@ fn app(store: Arc<dyn Store>, clock: &ManualClock) -> Router {
 
 /// The request's status and its `RateLimit` header (every quota, by name).
 async fn request(app: &Router, client: &str) -> (StatusCode, String) {
+    let (status, rl, _) = request_with_body(app, client).await;
+    (status, rl)
+}
+
+/// [`request`], and the response body.
+async fn request_with_body(app: &Router, client: &str) -> (StatusCode, String, String) {
     let req = Request::get("/")
         .header("x-client", client)
         .body(Body::empty())
@@ -66,7 +72,9 @@ async fn request(app: &Router, client: &str) -> (StatusCode, String) {
         .get("ratelimit")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    (res.status(), rl)
+    let status = res.status();
+    let body = axum::body::to_bytes(res.into_body(), 1 << 16).await.unwrap();
+    (status, rl, String::from_utf8(body.to_vec()).unwrap())
 }
 
 /// Spends the hourly quota, then shows that its rejections leave the
@@ -101,8 +109,16 @@ async fn hourly_rejects_and_the_per_second_quota_is_unchanged(store: Arc<dyn Sto
     let before = store.status(&status(now)).await.unwrap().statuses()[0];
     assert_eq!((before.remaining, before.reset_ms), (2, t0 + 1_667));
     for i in 0..20 {
-        let (s, rl) = request(&app, "a").await;
+        let (s, rl, body) = request_with_body(&app, "a").await;
         assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "request {i}");
+        // The problem document names the quota that refused, and only it.
+        assert!(
+            body.contains(
+                r#""type":"https://iana.org/assignments/http-problem-types#quota-exceeded""#
+            ),
+            "{body}"
+        );
+        assert!(body.contains(r#""violated-policies":["hourly"]"#), "{body}");
         // The rejection reports the per-second quota as it stands, uncharged.
         assert_eq!(
             rl, r#""per-second";r=2;t=1, "hourly";r=0;t=3600"#,

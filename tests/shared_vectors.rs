@@ -15,6 +15,22 @@ async fn memory_store_answers_the_shared_table() {
 }
 
 #[tokio::test]
+async fn memory_store_rejections_spend_nothing_and_never_lengthen_the_wait() {
+    vectors::rejections_change_nothing(&MemoryStore::new(), SystemClock.now_ms()).await;
+}
+
+#[tokio::test]
+async fn redis_store_rejections_spend_nothing_and_never_lengthen_the_wait() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let server = redis_support::RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    vectors::rejections_change_nothing(&store, SystemClock.now_ms() + 3_600_000).await;
+    redis_support::assert_every_key_has_a_ttl(&server);
+}
+
+#[tokio::test]
 async fn redis_store_answers_the_shared_table() {
     if !redis_support::require_redis() {
         return;

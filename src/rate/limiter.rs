@@ -363,6 +363,7 @@ impl Limiter {
         let rejection = Rejection {
             decision: &decision,
             policy_name: &name,
+            policy: &asked.policy,
         };
         let mut res = if asked.grpc {
             let retry = rejection

@@ -2,7 +2,9 @@
 
 use crate::decision::{Decision, RejectReason};
 use crate::headers::ceil_secs;
-use crate::problem::Problem;
+use crate::problem::{Problem, QUOTA_EXCEEDED};
+use crate::quota::Policy;
+use std::borrow::Cow;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
@@ -13,6 +15,9 @@ pub struct Rejection<'a> {
     pub decision: &'a Decision,
     /// The name of the binding quota.
     pub policy_name: &'a str,
+    /// The policy the request was charged against (its quotas in the
+    /// order of `decision`'s statuses).
+    pub policy: &'a Policy,
 }
 
 impl Rejection<'_> {
@@ -23,6 +28,18 @@ impl Rejection<'_> {
             Some(RejectReason::CostExceedsLimit) => None,
             _ => Some(ceil_secs(self.decision.retry_after_ms()).max(1)),
         }
+    }
+
+    /// The names of the quotas that refused the request, in policy order:
+    /// the problem document's `violated-policies`.
+    pub fn violated_policies(&self) -> Vec<Cow<'_, str>> {
+        self.policy
+            .quotas()
+            .iter()
+            .zip(self.decision.statuses())
+            .filter(|(_, s)| !s.allowed)
+            .map(|(q, _)| q.name())
+            .collect()
     }
 
     /// A one-line explanation for bodies and `grpc-message`.
@@ -37,7 +54,9 @@ impl Rejection<'_> {
     }
 }
 
-/// The default 429: an `application/problem+json` document (RFC 9457).
+/// The default 429: an `application/problem+json` document (RFC 9457) of
+/// the IETF RateLimit draft's `quota-exceeded` type, whose
+/// `violated-policies` names the quotas that refused the request.
 ///
 /// ```
 /// # use std::num::NonZeroU32;
@@ -49,9 +68,68 @@ impl Rejection<'_> {
 ///     .unwrap();
 /// ```
 pub fn default_rejection(r: &Rejection<'_>) -> Response<Bytes> {
+    let names = r.violated_policies();
+    let violated: Vec<&str> = names.iter().map(|n| n.as_ref()).collect();
     Problem {
+        kind: QUOTA_EXCEEDED,
         retry_after: r.retry_after_secs(),
+        violated: &violated,
         ..Problem::new(StatusCode::TOO_MANY_REQUESTS, &r.detail())
     }
     .response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::QuotaStatus;
+    use crate::quota::Quota;
+    use std::time::Duration;
+
+    fn quota(limit: u64, secs: u64, name: &'static str) -> Quota {
+        Quota::new(limit, Duration::from_secs(secs))
+            .unwrap()
+            .named(name)
+            .unwrap()
+    }
+
+    #[test]
+    fn the_default_rejection_is_quota_exceeded_naming_every_refusing_quota_in_policy_order() {
+        let policy = Policy::new(quota(10, 1, "second"))
+            .and(quota(100, 60, "minute"))
+            .unwrap()
+            .and(quota(1_000, 3_600, "hour"))
+            .unwrap();
+        let refuses = |limit| QuotaStatus {
+            limit,
+            retry_after_ms: 2_000,
+            ..QuotaStatus::default()
+        };
+        let admits = QuotaStatus {
+            limit: 100,
+            remaining: 40,
+            allowed: true,
+            ..QuotaStatus::default()
+        };
+        let decision = Decision::from_statuses([refuses(10), admits, refuses(1_000)], 1);
+        let r = Rejection {
+            decision: &decision,
+            policy_name: "hour",
+            policy: &policy,
+        };
+        assert_eq!(r.violated_policies(), ["second", "hour"]);
+        let res = default_rejection(&r);
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let body = std::str::from_utf8(res.body()).unwrap();
+        assert!(
+            body.starts_with(
+                r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#
+            ),
+            "{body}"
+        );
+        assert!(
+            body.ends_with(r#""retry_after":2,"violated-policies":["second","hour"]}"#),
+            "{body}"
+        );
+    }
 }

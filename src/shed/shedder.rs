@@ -31,14 +31,20 @@ pub struct Overloaded {
 }
 
 /// The default answer to a shed request: 503 with `Retry-After` and an
-/// `application/problem+json` body.
+/// `application/problem+json` body of the IETF RateLimit draft's
+/// `temporary-reduced-capacity` type.
 ///
 /// ```
 /// use tower_ratelimit::shed::{default_response, LoadShedLayer};
 /// let layer = LoadShedLayer::builder().capacity(100).on_shed(default_response).build();
 /// ```
 pub fn default_response(o: &Overloaded) -> Response<Bytes> {
-    crate::problem::unavailable(false, o.retry_after_secs, &o.detail())
+    crate::problem::unavailable_as(
+        crate::problem::TEMPORARY_REDUCED_CAPACITY,
+        false,
+        o.retry_after_secs,
+        &o.detail(),
+    )
 }
 
 impl Overloaded {

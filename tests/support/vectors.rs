@@ -321,3 +321,62 @@ pub async fn run_tables(store: &dyn Store, start_ms: u64) {
         }
     }
 }
+
+/// A flood of rejected requests spends nothing and never lengthens the wait
+/// (the lockout a rejected request that still drains tokens causes): for
+/// every algorithm, alone and beside a second quota, `FLOOD` rejections
+/// leave every quota's status as it was, and the request sent when the
+/// first rejection said to retry is admitted.
+pub async fn rejections_change_nothing(store: &dyn Store, start_ms: u64) {
+    const FLOOD: usize = 50;
+    let start_ms = (start_ms / 60_000 + 1) * 60_000;
+    let algorithms = [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+    for (i, alg) in algorithms.into_iter().enumerate() {
+        let alone = Policy::new(quota(3, 1_000, alg));
+        // The second quota admits throughout: the flood must not spend it either.
+        let beside = Policy::new(quota(3, 1_000, alg))
+            .and(quota(1_000, 60_000, Algorithm::FixedWindow))
+            .unwrap();
+        for (j, policy) in [alone, beside].iter().enumerate() {
+            let ns = Namespace::new(&format!("rejections{i}-{j}"));
+            let key = Key::new("flooder");
+            let at = |now_ms, cost| Charge {
+                namespace: &ns,
+                key: &key,
+                policy,
+                cost,
+                now_ms,
+                timeout: Duration::from_secs(2),
+            };
+            let now = start_ms + 100;
+            for _ in 0..3 {
+                assert!(store.charge(&at(now, 1)).await.unwrap().is_allowed());
+            }
+            let before = store.status(&at(now, 0)).await.unwrap();
+            let first = store.charge(&at(now, 1)).await.unwrap();
+            assert!(!first.is_allowed(), "{alg:?} policy {j}: the 4th of 3");
+            for _ in 0..FLOOD {
+                assert!(!store.charge(&at(now, 1)).await.unwrap().is_allowed());
+            }
+            let after = store.status(&at(now, 0)).await.unwrap();
+            assert_eq!(
+                after.statuses(),
+                before.statuses(),
+                "{alg:?} policy {j}: {FLOOD} rejections spent something"
+            );
+            let retry = first.retry_after_ms();
+            assert!(retry > 0, "{alg:?} policy {j}: {first:?}");
+            let later = store.charge(&at(now + retry, 1)).await.unwrap();
+            assert!(
+                later.is_allowed(),
+                "{alg:?} policy {j}: not admitted {retry} ms later, when the first rejection said: {later:?}"
+            );
+        }
+    }
+}
