@@ -58,8 +58,14 @@ pin_project! {
         #[pin]
         state: State<S, B, S::Future, T>,
         kept: Option<T>,
+        // Adds what the inner service should see of `T` to its request.
+        prepare: Option<Prepare<T, B>>,
     }
 }
+
+/// Writes what the inner service should see of what was kept (the
+/// decision, for handlers that read it) into the request it gets.
+pub(crate) type Prepare<T, B> = fn(&T, &mut Request<B>);
 
 pin_project! {
     #[project = StateProj]
@@ -79,18 +85,31 @@ where
     S: Service<Request<B>> + Clone,
 {
     /// Starts serving `req` with `service` (which must be ready) once
-    /// `verdict` is known: at once when it already is.
-    pub(crate) fn start(service: &mut S, verdict: Later<Verdict<T>>, req: Request<B>) -> Self {
+    /// `verdict` is known: at once when it already is. A forwarded request
+    /// goes through `prepare` first.
+    pub(crate) fn start(
+        service: &mut S,
+        verdict: Later<Verdict<T>>,
+        mut req: Request<B>,
+        prepare: Option<Prepare<T, B>>,
+    ) -> Self {
         match verdict {
-            Later::Now(Verdict::Forward(kept)) => Serve {
-                state: State::Inner {
-                    fut: service.call(req),
-                },
-                kept: Some(kept),
-            },
+            Later::Now(Verdict::Forward(kept)) => {
+                if let Some(p) = prepare {
+                    p(&kept, &mut req);
+                }
+                Serve {
+                    state: State::Inner {
+                        fut: service.call(req),
+                    },
+                    kept: Some(kept),
+                    prepare,
+                }
+            }
             Later::Now(Verdict::Answer(res)) => Serve {
                 state: State::Answered { res: Some(res) },
                 kept: None,
+                prepare,
             },
             Later::Pending(verdict) => {
                 // The ready service goes with this request; the layer's
@@ -102,6 +121,7 @@ where
                         waiting: Some((std::mem::replace(service, clone), req)),
                     },
                     kept: None,
+                    prepare,
                 }
             }
         }
@@ -127,9 +147,12 @@ where
                 StateProj::Deciding { verdict, waiting } => {
                     match ready!(verdict.as_mut().poll(cx)) {
                         Verdict::Forward(kept) => {
-                            *this.kept = Some(kept);
-                            let (mut service, req) =
+                            let (mut service, mut req) =
                                 waiting.take().expect("request kept while deciding");
+                            if let Some(p) = this.prepare {
+                                p(&kept, &mut req);
+                            }
+                            *this.kept = Some(kept);
                             let fut = service.call(req);
                             this.state.set(State::Inner { fut });
                         }

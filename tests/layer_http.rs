@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::clock::ManualClock;
-use tower_ratelimit::key::{ClientIp, Header, Key, PeerIp};
+use tower_ratelimit::key::{ClientIp, Global, Header, Key, KeyExtractorExt, PeerIp};
 use tower_ratelimit::{HeaderStyle, Policy, Quota, RateLimitLayer};
 
 /// A time in the middle of a second, so second boundaries are crossed inside a window.
@@ -855,5 +855,67 @@ async fn a_grpc_answer_is_headers_only_in_either_body_mode() {
         assert_eq!(res.headers()["grpc-status"], "8");
         assert!(res.body().is_end_stream());
         assert_eq!(res.body().size_hint().exact(), Some(0));
+    }
+}
+
+/// What a handler reads of its request's charge: each quota's limit and
+/// remaining, as the headers report them; nothing for an exempt request.
+async fn remaining_seen(req: http::Request<axum::body::Body>) -> String {
+    match req.extensions().get::<tower_ratelimit::Status>() {
+        Some(s) => s
+            .decision
+            .statuses()
+            .iter()
+            .map(|q| format!("{}/{}", q.remaining, q.limit))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => "none".to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn handlers_read_each_quotas_remaining_from_the_request_when_asked_to() {
+    let clock = ManualClock::new(T0);
+    let policy = Policy::new(Quota::new(5, Duration::from_secs(1)).unwrap())
+        .and(Quota::new(20, Duration::from_secs(60)).unwrap())
+        .unwrap();
+    let build = |async_key: bool, on: bool| {
+        let b = RateLimitLayer::builder()
+            .policy(policy.clone())
+            .clock(clock.clone())
+            .status_extension(on);
+        let b = if async_key {
+            // The key comes later: the decision reaches the handler through
+            // the pending path.
+            b.key_async(|parts: &Parts| {
+                let exempt = parts.uri.path() == "/exempt";
+                async move { Ok((!exempt).then(|| Key::new("async"))) }
+            })
+        } else {
+            b.key(Global.exempt_if(|parts: &Parts| parts.uri.path() == "/exempt"))
+        };
+        let routes = Router::new()
+            .route("/", get(remaining_seen))
+            .route("/exempt", get(remaining_seen));
+        routes.layer(b.build().unwrap())
+    };
+    for async_key in [false, true] {
+        let server = TestServer::start(build(async_key, true)).await;
+        let client = HttpClient::new();
+        for i in 0..3u64 {
+            let r = client.get(&server.url("/")).await;
+            assert_eq!(r.status, StatusCode::OK);
+            assert_eq!(
+                r.body,
+                format!("{}/5,{}/20", 4 - i, 19 - i),
+                "async key: {async_key}"
+            );
+            assert_eq!(r.header_u64("x-ratelimit-remaining"), 4 - i);
+        }
+        let r = client.get(&server.url("/exempt")).await;
+        assert_eq!(r.body, "none", "an exempt request was not charged");
+        // Off (the default): the handler sees nothing.
+        let off = TestServer::start(build(async_key, false)).await;
+        assert_eq!(client.get(&off.url("/")).await.body, "none");
     }
 }

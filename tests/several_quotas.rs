@@ -73,7 +73,9 @@ async fn request_with_body(app: &Router, client: &str) -> (StatusCode, String, S
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
     let status = res.status();
-    let body = axum::body::to_bytes(res.into_body(), 1 << 16).await.unwrap();
+    let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+        .await
+        .unwrap();
     (status, rl, String::from_utf8(body.to_vec()).unwrap())
 }
 

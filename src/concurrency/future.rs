@@ -36,7 +36,7 @@ where
     pub(crate) fn start(service: &mut S, limiter: &Arc<Limiter>, req: Request<B>) -> Self {
         let (parts, body) = req.into_parts();
         let verdict = limiter.decide(&parts);
-        let serve = Serve::start(service, verdict, Request::from_parts(parts, body));
+        let serve = Serve::start(service, verdict, Request::from_parts(parts, body), None);
         ResponseFuture { serve }
     }
 }

@@ -36,7 +36,12 @@ where
         let (parts, body) = req.into_parts();
         let verdict = limiter.decide(&parts);
         ResponseFuture {
-            serve: Serve::start(service, verdict, Request::from_parts(parts, body)),
+            serve: Serve::start(
+                service,
+                verdict,
+                Request::from_parts(parts, body),
+                limiter.status_extension.then_some(Charged::expose::<B>),
+            ),
             limiter: limiter.clone(),
             body: PhantomData,
         }

@@ -65,6 +65,7 @@ pub struct Settings {
     policy: Option<PolicySource>,
     cost: Option<Arc<super::limiter::CostFn>>,
     refund: Arc<super::limiter::RefundFn>,
+    status_extension: bool,
     on_rejection: Arc<RejectionFn>,
     deny_cache: DenyCache,
     #[cfg(feature = "redis")]
@@ -90,6 +91,7 @@ impl RateLimitLayer {
                 policy: None,
                 cost: None,
                 refund: Arc::new(|status, _| status == StatusCode::NOT_MODIFIED),
+                status_extension: false,
                 on_rejection: Arc::new(default_rejection),
                 deny_cache: DenyCache::new(),
                 #[cfg(feature = "redis")]
@@ -379,6 +381,29 @@ impl Builder<Settings> {
         self
     }
 
+    /// Gives the inner service each charged request's [`Status`] (every
+    /// quota's limit, remaining and reset, as the headers report them) in
+    /// the request's extensions; with axum, as the extractor
+    /// `Extension<Status>` (or `Option<Extension<Status>>`: a request not
+    /// charged, exempt or admitted without the store, carries none). Off by
+    /// default: it costs an allocation per request.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Quota, RateLimitLayer, Status};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .status_extension(true)
+    ///     .build()
+    ///     .unwrap();
+    /// // In a handler: `req.extensions().get::<Status>()`, then
+    /// // `status.decision.statuses()[0].remaining`.
+    /// ```
+    pub fn status_extension(mut self, on: bool) -> Self {
+        self.kind.status_extension = on;
+        self
+    }
+
     /// Replaces the 429 response (the rate-limit headers are still added to it).
     ///
     /// ```
@@ -484,6 +509,7 @@ impl Builder<Settings> {
                 policy,
                 cost: kind.cost,
                 headers: common.headers,
+                status_extension: kind.status_extension,
                 refund: kind.refund,
                 on_rejection: kind.on_rejection,
                 on_key_error: common.on_key_error,

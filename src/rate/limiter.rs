@@ -54,6 +54,8 @@ pub(crate) struct Limiter {
     pub(crate) policy: PolicySource,
     pub(crate) cost: Option<Arc<CostFn>>,
     pub(crate) headers: HeaderStyle,
+    /// Whether a charged request carries its [`Status`] to the inner service.
+    pub(crate) status_extension: bool,
     pub(crate) refund: Arc<RefundFn>,
     pub(crate) on_rejection: Arc<RejectionFn>,
     pub(crate) on_key_error: Arc<KeyErrorFn>,
@@ -95,6 +97,20 @@ pub(crate) struct Charged {
     decision: Decision,
     /// Where the charge went, so a refund goes to the same place.
     to: ChargedTo,
+}
+
+impl Charged {
+    /// Puts the charge's [`Status`] in the extensions of the request the
+    /// inner service gets (a request that was not charged gets none).
+    pub(crate) fn expose<B>(charged: &Option<Charged>, req: &mut http::Request<B>) {
+        if let Some(c) = charged {
+            req.extensions_mut().insert(Status {
+                policy: c.policy.clone(),
+                decision: c.decision.clone(),
+                now_ms: c.now_ms,
+            });
+        }
+    }
 }
 
 /// Where a request was charged.
@@ -515,7 +531,10 @@ pub(crate) fn clone_head(parts: &Parts) -> Parts {
     p
 }
 
-/// A caller's rate-limit state, read without charging.
+/// A caller's rate-limit state: read without charging
+/// ([`RateLimitLayer::status`](crate::RateLimitLayer::status)), or as its
+/// request was charged, in the request's extensions
+/// ([`status_extension`](crate::RateLimitLayerBuilder::status_extension)).
 #[derive(Debug, Clone)]
 pub struct Status {
     /// The policy that applies to the caller.

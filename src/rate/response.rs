@@ -4,9 +4,9 @@ use crate::decision::{Decision, RejectReason};
 use crate::headers::ceil_secs;
 use crate::problem::{Problem, QUOTA_EXCEEDED};
 use crate::quota::Policy;
-use std::borrow::Cow;
 use bytes::Bytes;
 use http::{Response, StatusCode};
+use std::borrow::Cow;
 
 /// What a rejection knows, for a custom rejection response.
 #[derive(Debug)]
