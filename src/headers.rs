@@ -152,12 +152,12 @@ pub(crate) fn apply(
     }
 }
 
-fn member<'a>(q: &Quota, name: &'a str, s: &QuotaStatus, now_ms: u64) -> Member<'a> {
+fn member<'a>(q: &'a Quota, name: &'a str, s: &QuotaStatus, now_ms: u64) -> Member<'a> {
     Member {
         name,
         quota: s.limit,
         window_secs: Some(ceil_secs(q.window_ms())),
-        unit: None,
+        unit: q.unit_param(),
         remaining: s.remaining,
         reset_secs: Some(ceil_secs(s.reset_ms.saturating_sub(now_ms))),
     }
@@ -303,6 +303,33 @@ mod tests {
         );
         assert_eq!(h[&RATELIMIT], r#""1s";r=4;t=1, "hour\"ly";r=990;t=2999"#);
         assert!(h.get(&X_RATELIMIT_LIMIT).is_none());
+    }
+
+    #[test]
+    fn a_quota_in_another_unit_says_so_in_qu_and_requests_say_nothing() {
+        let bytes = Quota::new(10_000, Duration::from_secs(60))
+            .unwrap()
+            .named("upload")
+            .unwrap()
+            .with_unit("content-bytes")
+            .unwrap();
+        let policy = Policy::new(Quota::new(10, Duration::from_secs(1)).unwrap())
+            .and(bytes)
+            .unwrap();
+        let d = Decision::from_statuses(
+            [
+                status(10, 9, 2_000, true, 0),
+                status(10_000, 7_500, 61_000, true, 0),
+            ],
+            2_500,
+        );
+        let mut h = HeaderMap::new();
+        apply(HeaderStyle::Ietf, &policy, &d, 1_000, &mut h);
+        assert_eq!(
+            h[&RATELIMIT_POLICY],
+            r#""1s";q=10;w=1, "upload";q=10000;w=60;qu="content-bytes""#
+        );
+        assert_eq!(h[&RATELIMIT], r#""1s";r=9;t=1, "upload";r=7500;t=60"#);
     }
 
     #[test]

@@ -236,6 +236,8 @@ pub struct Quota {
     /// `None`: the limit (token bucket and GCRA only).
     burst: Option<u64>,
     name: Option<Cow<'static, str>>,
+    /// `None`: requests.
+    unit: Option<Cow<'static, str>>,
     /// The token-bucket / GCRA rate, made from the fields above whenever
     /// they change: a charge reads it instead of recomputing a GCD.
     rate: Rate,
@@ -291,6 +293,7 @@ impl Quota {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             name: None,
+            unit: None,
             rate: Rate::capped(limit, window_ms, limit),
         }
     }
@@ -308,18 +311,38 @@ impl Quota {
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
     pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Result<Self, ConfigError> {
-        let name = name.into();
-        if name.is_empty()
-            || name.len() > MAX_NAME_LEN
-            || !name.bytes().all(|b| (b' '..=b'~').contains(&b))
-        {
-            return Err(ConfigError::new(format!(
-                "a quota's name must be 1 to {MAX_NAME_LEN} printable ASCII characters \
-                 (a structured-field string), got {name:?}"
-            )));
-        }
-        self.name = Some(name);
+        self.name = Some(sf_string("name", name.into())?);
         Ok(self)
+    }
+
+    /// What the quota counts, as the IETF `RateLimit-Policy` field's `qu`
+    /// parameter reports it: `"requests"` (the default, left out of the
+    /// field), `"content-bytes"`, or a unit of the application's
+    /// (`"tokens"`). A request spends its [`cost`](crate::RateLimitLayerBuilder::cost)
+    /// in this unit. The same rule as [`named`](Self::named) applies.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::Quota;
+    /// let upload = Quota::new(10_000_000, Duration::from_secs(60))?.with_unit("content-bytes")?;
+    /// assert_eq!(upload.unit(), "content-bytes");
+    /// assert_eq!(Quota::new(5, Duration::from_secs(1))?.unit(), "requests");
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn with_unit(mut self, unit: impl Into<Cow<'static, str>>) -> Result<Self, ConfigError> {
+        let unit = sf_string("unit", unit.into())?;
+        self.unit = (unit != "requests").then_some(unit);
+        Ok(self)
+    }
+
+    /// What the quota counts (see [`with_unit`](Self::with_unit)).
+    pub fn unit(&self) -> &str {
+        self.unit.as_deref().unwrap_or("requests")
+    }
+
+    /// The unit when it is not requests: what the IETF field's `qu` says.
+    pub(crate) fn unit_param(&self) -> Option<&str> {
+        self.unit.as_deref()
     }
 
     /// Sets the algorithm (default [`Algorithm::FixedWindow`]). Errors when the
@@ -462,6 +485,22 @@ impl Quota {
     pub(crate) fn rate(&self) -> Rate {
         self.rate
     }
+}
+
+/// `value` if it can be a structured-field string of at most
+/// [`MAX_NAME_LEN`] characters: what a quota's `what` (its name, its unit)
+/// must be for the IETF fields to carry it.
+fn sf_string(what: &str, value: Cow<'static, str>) -> Result<Cow<'static, str>, ConfigError> {
+    if value.is_empty()
+        || value.len() > MAX_NAME_LEN
+        || !value.bytes().all(|b| (b' '..=b'~').contains(&b))
+    {
+        return Err(ConfigError::new(format!(
+            "a quota's {what} must be 1 to {MAX_NAME_LEN} printable ASCII characters \
+             (a structured-field string), got {value:?}"
+        )));
+    }
+    Ok(value)
 }
 
 /// Formats a window in the largest whole unit: `1h`, `90s`, `500ms`.
@@ -774,6 +813,27 @@ mod tests {
         }
         assert!(q.clone().named("x".repeat(MAX_NAME_LEN)).is_ok());
         assert!(q.named("x".repeat(MAX_NAME_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn a_unit_follows_the_name_rule_and_requests_is_the_default() {
+        let q = Quota::per_second(n(1));
+        assert_eq!(q.unit(), "requests");
+        let bytes = q.clone().with_unit("content-bytes").unwrap();
+        assert_eq!(
+            (bytes.unit(), bytes.unit_param()),
+            ("content-bytes", Some("content-bytes"))
+        );
+        let requests = bytes.with_unit("requests").unwrap();
+        assert_eq!(
+            requests.unit_param(),
+            None,
+            "the default is left out of the field"
+        );
+        assert_eq!(requests, q);
+        for bad in ["", "tok\u{e9}ns", "x".repeat(MAX_NAME_LEN + 1).as_str()] {
+            assert!(q.clone().with_unit(bad.to_owned()).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -919,3 +919,57 @@ async fn handlers_read_each_quotas_remaining_from_the_request_when_asked_to() {
         assert_eq!(client.get(&off.url("/")).await.body, "none");
     }
 }
+
+#[tokio::test]
+async fn a_quota_in_content_bytes_spends_each_uploads_size_and_names_its_unit_in_ietf_fields() {
+    let clock = ManualClock::new(T0);
+    let bytes = Quota::new(1_000, Duration::from_secs(60))
+        .unwrap()
+        .named("upload")
+        .unwrap()
+        .with_unit("content-bytes")
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .quota(bytes)
+        .key(Global)
+        .clock(clock.clone())
+        .headers(HeaderStyle::Ietf)
+        .cost(|parts: &Parts| {
+            parts
+                .headers
+                .get("x-upload-bytes")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(0)
+        })
+        .build()
+        .unwrap();
+    let server = TestServer::start(app().layer(layer)).await;
+    let client = HttpClient::new();
+    let url = server.url("/");
+    let send = |n: &'static [u8]| {
+        let (client, url) = (&client, url.clone());
+        async move { client.get_with(&url, &[("x-upload-bytes", n)]).await }
+    };
+    let r = send(b"300").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(r#""upload";q=1000;w=60;qu="content-bytes""#)
+    );
+    assert_eq!(r.header("ratelimit"), Some(r#""upload";r=700;t=60"#));
+    assert_eq!(
+        send(b"650").await.header("ratelimit"),
+        Some(r#""upload";r=50;t=60"#)
+    );
+    let r = send(b"51").await;
+    assert_eq!(
+        r.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "51 bytes do not fit in 50"
+    );
+    assert!(
+        r.body.contains(r#""violated-policies":["upload"]"#),
+        "{}",
+        r.body
+    );
+}
