@@ -294,6 +294,7 @@ impl Quota {
             burst: None,
             name: None,
             unit: None,
+            // The burst is the limit until one is set (`rated` then).
             rate: Rate::capped(limit, window_ms, limit),
         }
     }
@@ -388,9 +389,15 @@ impl Quota {
             return Err(ConfigError::new("a quota's burst must be at least 1"));
         }
         self.burst = Some(burst);
-        self.rate = Rate::capped(self.limit, self.window_ms, burst);
         self.check()?;
-        Ok(self)
+        Ok(self.rated())
+    }
+
+    /// The quota with its rate made again from its limit, window and burst
+    /// (after any of them changed).
+    fn rated(mut self) -> Self {
+        self.rate = Rate::capped(self.limit, self.window_ms, self.burst_size());
+        self
     }
 
     /// Checks the combination of limit, window, algorithm and burst.
@@ -680,13 +687,12 @@ impl Policy {
             .quotas()
             .iter()
             .map(|q| {
-                let (limit, burst) = (scale(q.limit), q.burst.map(scale));
                 Quota {
-                    limit,
-                    burst,
-                    rate: Rate::capped(limit, q.window_ms, burst.unwrap_or(limit)),
+                    limit: scale(q.limit),
+                    burst: q.burst.map(scale),
                     ..q.clone()
                 }
+                .rated()
             })
             .collect();
         Policy::of(quotas)
