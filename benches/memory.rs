@@ -79,6 +79,7 @@ impl Ours {
             key,
             policy: &self.policy,
             cost: 1,
+            units: 1,
             now_ms,
             timeout: Duration::from_millis(50),
         };

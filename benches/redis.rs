@@ -103,6 +103,7 @@ impl Bench {
             key: &self.keys[i % self.keys.len()],
             policy: &self.policy,
             cost: 1,
+            units: 1,
             now_ms,
             timeout: Duration::from_secs(1),
         };

@@ -7,12 +7,13 @@
 -- keep each algorithm equal to its twin in src/algorithm/.
 --
 -- ARGV[1]  P, the number of distinct policies in the batch; then each policy
---          as lua/policy.lua reads it (n, then 5 arguments per quota)
--- then     J, the number of requests; then 3 arguments per request: its
+--          as lua/policy.lua reads it (n, then 6 arguments per quota)
+-- then     J, the number of requests; then 4 arguments per request: its
 --          policy (1..P, or 0: the same key and policy as the request before
 --          it, which it continues a run of; see charge_run), now (Unix ms
---          from the application's clock; "" = Redis TIME) and its cost
---          (units to charge)
+--          from the application's clock; "" = Redis TIME), its cost (units
+--          charged to each quota counting requests) and its reservation
+--          (units charged to each quota of another unit; see `ask`)
 -- KEYS     per request that does not continue a run, in order: the client's
 --          hash (prefix .. "{" .. tag .. "}", all scalar state), then one
 --          sorted set per sliding-log quota of its policy, in policy order
@@ -45,12 +46,13 @@
 -- Decides one request on `vals`, its policy's fields as HMGET returns them,
 -- and appends its reply to `out`: its length, then allowed, now and each
 -- quota's block. Returns whether every quota admits the cost.
-local function decide(quotas, vals, now, cost, out)
+local function decide(quotas, vals, now, cost, units, out)
   local allowed = 1
   for i = 1, #quotas do
     local q = quotas[i]
     q.st = q.alg.read(q, vals, now)
-    if not q.alg.fits(q, q.st, cost) then allowed = 0 end
+    q.fit, q.charge = ask(q, cost, units)
+    if not q.alg.fits(q, q.st, q.fit) then allowed = 0 end
   end
 
   -- Length and decision are filled in at the end (no holes: # must stay exact).
@@ -60,21 +62,22 @@ local function decide(quotas, vals, now, cost, out)
   out[start + 2] = now
   for i = 1, #quotas do
     local q = quotas[i]
-    q.alg.reply(q, q.st, cost, out)
+    q.alg.reply(q, q.st, q.fit, out)
   end
   out[start] = #out - start
   out[start + 1] = allowed
   return allowed == 1
 end
 
--- The fields and values an admitted charge changes, as HSET takes them, and
--- the key's new expiry if it may have moved (else nil).
-local function writes(quotas, now, cost)
+-- The fields and values an admitted charge changes (each quota its
+-- q.charge, set by decide), as HSET takes them, and the key's new expiry if
+-- it may have moved (else nil).
+local function writes(quotas, now)
   local set = {}
   local latest, moved = 0, false
   for i = 1, #quotas do
     local q = quotas[i]
-    local e, m = q.alg.write(q, q.st, cost, now, set)
+    local e, m = q.alg.write(q, q.st, q.charge, now, set)
     if e > latest then latest = e end
     moved = moved or m
   end
@@ -83,10 +86,10 @@ end
 
 -- Charges one request: reads its fields with one HMGET, decides, and if
 -- admitted writes what changed with one HSET (and PEXPIREAT if it moved).
-local function charge_one(hash, quotas, fields, now, cost, out)
+local function charge_one(hash, quotas, fields, now, cost, units, out)
   local vals = redis.call('HMGET', hash, unpack(fields))
-  if decide(quotas, vals, now, cost, out) then
-    local set, expire = writes(quotas, now, cost)
+  if decide(quotas, vals, now, cost, units, out) then
+    local set, expire = writes(quotas, now)
     redis.call('HSET', hash, unpack(set))
     if expire then redis.call('PEXPIREAT', hash, expire) end
   end
@@ -116,10 +119,11 @@ local function charge_run(hash, pol, first, last, args, out)
   local now_arg, now, cost_arg, cost
   for i = first, last do
     -- Times and costs parsed only when they change (see run() below).
-    local base = args + 3 * (i - 1)
+    local base = args + 4 * (i - 1)
     local t, c = ARGV[base + 2], ARGV[base + 3]
     if t ~= now_arg or t == '' then now_arg, now = t, read_now(t) end
     if c ~= cost_arg then cost_arg, cost = c, tonumber(c) end
+    local units = tonumber(ARGV[base + 4])
     if step then
       -- A lone quota whose algorithm steps through a run on `vals` itself.
       local admitted, e = step(quotas[1], vals, now, cost, out)
@@ -127,8 +131,8 @@ local function charge_run(hash, pol, first, last, args, out)
         stepped = true
         if e then expire = e end
       end
-    elseif decide(quotas, vals, now, cost, out) then
-      local set, e = writes(quotas, now, cost)
+    elseif decide(quotas, vals, now, cost, units, out) then
+      local set, e = writes(quotas, now)
       for f = 1, #set, 2 do
         local pos = index[set[f]]
         vals[pos] = set[f + 1]
@@ -152,14 +156,15 @@ local policies = {}
 local at = 2
 for i = 1, tonumber(ARGV[1]) do
   local quotas
-  quotas, at = parse_quotas(at, 5)
+  quotas, at = parse_quotas(at, 6)
   -- Whether any quota keeps a sliding log (a key of its own per request).
   local logs = false
   for _, q in ipairs(quotas) do logs = logs or q.alg.log ~= nil end
   local fields = quota_fields(quotas)
   -- A lone quota with a step (every algorithm but the sliding log), and
   -- the field a charge alone may change (see fixed_window.step).
-  local alg = #quotas == 1 and quotas[1].alg.step and quotas[1].alg
+  -- (A quota in another unit than requests is asked differently: see `ask`.)
+  local alg = #quotas == 1 and quotas[1].m == 0 and quotas[1].alg.step and quotas[1].alg
   policies[i] = {quotas = quotas, fields = fields, logs = logs,
     step = alg and alg.step, q1 = quotas[1],
     count = alg and alg.count and fields[alg.count]}
@@ -183,7 +188,7 @@ local function run()
   while j <= count do
     mark = #out
     last = j
-    local base = at + 3 * (j - 1)
+    local base = at + 4 * (j - 1)
     local p = ARGV[base + 1]
     if p ~= pol_arg then pol_arg, pol = p, policies[tonumber(p)] end
     local hash = KEYS[k]
@@ -191,7 +196,7 @@ local function run()
     if pol.logs then k = bind_logs(pol.quotas, k) end
     -- The requests right after it whose policy is "0" continue its run:
     -- the same key (not repeated in KEYS) and policy, never one with logs.
-    while last < count and ARGV[at + 3 * last + 1] == '0' do
+    while last < count and ARGV[at + 4 * last + 1] == '0' do
       last = last + 1
     end
     if last > j then
@@ -223,7 +228,7 @@ local function run()
           redis.call('HINCRBY', hash, pol.count, c)
         end
       else
-        charge_one(hash, pol.quotas, pol.fields, now, cost, out)
+        charge_one(hash, pol.quotas, pol.fields, now, cost, tonumber(ARGV[base + 4]), out)
       end
     end
     j = last + 1

@@ -11,6 +11,11 @@
 --                                expiry and whether it may have moved (else
 --                                the key's PEXPIREAT is already right)
 --   refund(q, v, id, now, cost, set)
+--   debit(q, v, now, extra, set) -> expiry or nil
+--                                charges `extra` more to the state charged
+--                                (q.id, at q.at; see `debit` in
+--                                src/algorithm/mod.rs); returns the state's
+--                                expiry when it may have moved later
 -- and may define step(q, v, now, cost, out): one request's decision for a
 -- policy of that one quota, on its own fields v[1..], faster (see
 -- fixed_window.step below and lua/charge.lua), with `count`, the index of
@@ -47,7 +52,7 @@ end
 function fixed_window.write(q, st, cost, now, set)
   local n = #set
   set[n + 1] = q.f.c
-  set[n + 2] = st.c + cost
+  set[n + 2] = add_capped(st.c, cost)
   if st.fresh then
     set[n + 3] = q.f.r
     set[n + 4] = st.r
@@ -95,6 +100,15 @@ function fixed_window.refund(q, v, id, now, cost, set)
   local c, r = tonumber(v[q.first]), tonumber(v[q.first + 1])
   if c ~= nil and r ~= nil and r == id and r > now then
     push(set, q.f.c, math.max(c - cost, 0))
+  end
+end
+
+-- Debt reaches only the window charged, while it lasts; the count may pass
+-- the limit.
+function fixed_window.debit(q, v, now, extra, set)
+  local c, r = tonumber(v[q.first]), tonumber(v[q.first + 1])
+  if c ~= nil and r ~= nil and r == q.id and r > now then
+    push(set, q.f.c, add_capped(c, extra))
   end
 end
 

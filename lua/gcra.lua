@@ -46,7 +46,7 @@ local function gcra_set(q, now, after, set)
 end
 
 function gcra.write(q, st, cost, now, set)
-  return gcra_set(q, now, st.d + cost * q.a, set), true
+  return gcra_set(q, now, add_capped(st.d, cost * q.a), set), true
 end
 
 -- One request's decision on `v` = {tat, fraction} as stored (see
@@ -84,6 +84,12 @@ function gcra.refund(q, v, id, now, cost, set)
   if give > 0 then
     gcra_set(q, now, d - give, set)
   end
+end
+
+-- Debt: the TAT `extra` units later (an absent TAT is a full bucket). The
+-- caller checked the charge's window (src/algorithm/mod.rs).
+function gcra.debit(q, v, now, extra, set)
+  return gcra_set(q, now, add_capped(gcra.read(q, v, now).d, extra * q.a), set)
 end
 
 algorithms.gc = gcra

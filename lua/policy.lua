@@ -3,8 +3,11 @@
 
 -- The policy at ARGV[at]: its number of quotas n, then `stride` arguments
 -- per quota: algorithm code, field prefix (algorithm and window, e.g.
--- "tb60000"), a, b, c (see each algorithm's file) and, with a stride of 6,
--- a window id. Returns the quotas and the index after the policy.
+-- "tb60000"), a, b, c (see each algorithm's file), m (how it is asked: 0
+-- counts requests, 1 admits while anything is left, 2 while the
+-- reservation fits; see `ask` in lua/prelude.lua) and, with a stride of 10,
+-- a settlement: the window id charged, when, what was charged and what the
+-- request cost. Returns the quotas and the index after the policy.
 -- Each quota carries q.f, its hash field names by suffix (q.f.c = prefix .. "c").
 local function parse_quotas(at, stride)
   local quotas = {}
@@ -20,9 +23,15 @@ local function parse_quotas(at, stride)
       a = tonumber(ARGV[base + 3]),
       b = tonumber(ARGV[base + 4]),
       c = tonumber(ARGV[base + 5]),
-      id = stride == 6 and tonumber(ARGV[base + 6]) or nil,
+      m = tonumber(ARGV[base + 6]),
       f = {},
     }
+    if stride == 10 then
+      q.id = tonumber(ARGV[base + 7])
+      q.at = tonumber(ARGV[base + 8])
+      q.reserved = tonumber(ARGV[base + 9])
+      q.actual = tonumber(ARGV[base + 10])
+    end
     for _, s in ipairs(alg.suffixes) do
       q.f[s] = q.p .. s
     end

@@ -14,6 +14,26 @@ local function push(t, ...)
   end
 end
 
+-- The most any count or backlog holds (MAX_COUNT in src/algorithm/mod.rs):
+-- debt past it is dropped, so every number stays exact.
+local MAX_COUNT = 9007199254740991
+
+-- a + b, capped at MAX_COUNT (never below a).
+local function add_capped(a, b)
+  local s = a + b
+  if s > MAX_COUNT then return math.max(a, MAX_COUNT) end
+  return s
+end
+
+-- What a request of `cost` (each quota counting requests) and `units` (its
+-- reservation in each quota of another unit) asks of quota q: the units that
+-- must fit, and the units charged. Twin of `ask` in src/algorithm/mod.rs.
+local function ask(q, cost, units)
+  if q.m == 0 then return cost, cost end
+  if q.m == 2 then return math.max(units, 1), units end
+  return 1, units
+end
+
 -- Redis TIME as Unix ms.
 local function redis_now()
   local t = redis.call('TIME')

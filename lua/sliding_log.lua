@@ -112,4 +112,22 @@ function sliding_log.refund(q, v, id, now, cost, set)
   push(set, q.f.n, math.max((tonumber(v[q.first]) or 0) - give, 0))
 end
 
+-- Debt: `extra` more on the entry logged at `id`, while it is within the
+-- window (an entry made if the charge logged nothing).
+function sliding_log.debit(q, v, now, extra, set)
+  if q.id + q.b <= now or extra <= 0 then return end
+  local found = redis.call('ZRANGEBYSCORE', q.key, q.id, q.id)
+  local c = #found > 0 and entry_cost(found[1]) or 0
+  local total = tonumber(v[q.first]) or 0
+  extra = add_capped(total, extra) - total
+  if extra <= 0 then return end
+  redis.call('ZADD', q.key, q.id, entry(q.id, c + extra))
+  if #found > 0 then redis.call('ZREM', q.key, found[1]) end
+  if redis.call('PTTL', q.key) < 0 then
+    redis.call('PEXPIREAT', q.key, q.id + q.b + 1000)
+  end
+  push(set, q.f.n, total + extra)
+  return q.id + q.b
+end
+
 algorithms.sl = sliding_log

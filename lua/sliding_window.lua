@@ -10,6 +10,12 @@
 -- when absent).
 local sliding_window = {suffixes = {'s', 'c', 'p'}, count = 2}
 
+-- The most units one window counts, 2^52 / window (at least the limit):
+-- debt past it is dropped (twin of `most` in src/algorithm/sliding_window.rs).
+local function sw_add(q, n, extra)
+  return math.min(n + extra, math.floor(4503599627370496 / q.b))
+end
+
 -- The window at `now` from the stored start, current and previous counts
 -- (nil = absent): those as stored (a fresh window's when absent), then as
 -- rolled forward to `now`, whether the state is new or rolled (its fields
@@ -54,9 +60,9 @@ end
 -- Within a window only the current count changes (and the expiry stays).
 function sliding_window.write(q, st, cost, now, set)
   if st.fresh then
-    push(set, q.f.s, st.s, q.f.c, st.c + cost, q.f.p, st.p)
+    push(set, q.f.s, st.s, q.f.c, sw_add(q, st.c, cost), q.f.p, st.p)
   else
-    push(set, q.f.c, st.c + cost)
+    push(set, q.f.c, sw_add(q, st.c, cost))
   end
   return st.s + 2 * q.b, st.fresh
 end
@@ -94,6 +100,19 @@ function sliding_window.refund(q, v, id, now, cost, set)
     push(set, q.f.c, math.max(c - cost, 0))
   elseif s == id + q.b then
     push(set, q.f.p, math.max(p - cost, 0))
+  end
+end
+
+-- Debt goes to the window charged, as a refund: the current count, or the
+-- previous one once the window moved on.
+function sliding_window.debit(q, v, now, extra, set)
+  local i = q.first
+  local s, c, p = tonumber(v[i]), tonumber(v[i + 1]), tonumber(v[i + 2])
+  if s == nil or c == nil or p == nil then return end
+  if s == q.id then
+    push(set, q.f.c, sw_add(q, c, extra))
+  elseif s == q.id + q.b then
+    push(set, q.f.p, sw_add(q, p, extra))
   end
 end
 

@@ -3,12 +3,11 @@
 --
 -- KEYS     the client's hash, then its sliding-log sets (as in lua/charge.lua)
 -- ARGV[1]  now, Unix ms ("" = Redis TIME)
--- ARGV[2]  0 (the cost: nothing is charged)
--- ARGV[3]  n, the number of quotas; then 5 arguments per quota (as in lua/charge.lua)
+-- ARGV[2]  n, the number of quotas; then 6 arguments per quota (as in lua/charge.lua)
 --
 -- Returns {1, now, block_1, ..., block_n}, as lua/charge.lua.
 local now = read_now(ARGV[1])
-local quotas = parse_quotas(3, 5)
+local quotas = parse_quotas(2, 6)
 bind_logs(quotas, 2)
 local vals = redis.call('HMGET', KEYS[1], unpack(quota_fields(quotas)))
 local out = {1, now}

@@ -36,7 +36,7 @@ function token_bucket.reply(q, st, cost, out)
 end
 
 function token_bucket.write(q, st, cost, now, set)
-  local after = st.d + cost * q.a
+  local after = add_capped(st.d, cost * q.a)
   local n = #set
   set[n + 1] = q.f.l
   set[n + 2] = q.c - after
@@ -78,6 +78,15 @@ function token_bucket.refund(q, v, id, now, cost, set)
   if give > 0 then
     push(set, q.f.l, q.c - (d - give), q.f.t, at)
   end
+end
+
+-- Debt: `extra` more tokens, below zero if need be (an absent bucket is a
+-- full one). The caller checked the charge's window (src/algorithm/mod.rs).
+function token_bucket.debit(q, v, now, extra, set)
+  local st = token_bucket.read(q, v, now)
+  local after = add_capped(st.d, extra * q.a)
+  push(set, q.f.l, q.c - after, q.f.t, st.at)
+  return st.at + ceil_div(after, q.b)
 end
 
 algorithms.tb = token_bucket

@@ -109,9 +109,16 @@ impl Decision {
         self.statuses.push(status);
     }
 
-    /// Decides from the statuses pushed: allowed only if every quota
-    /// allows; otherwise nothing is charged, and the statuses say so.
+    /// Decides from the statuses pushed, each quota having been asked to fit
+    /// and charged `cost`: see [`decide_each`](Self::decide_each).
     pub(crate) fn decide(&mut self, cost: u64) {
+        self.decide_each(|_| (cost, cost));
+    }
+
+    /// Decides from the statuses pushed, quota `i` having been asked to fit
+    /// `asks(i).0` units and charged `asks(i).1`: allowed only if every
+    /// quota allows; otherwise nothing is charged, and the statuses say so.
+    pub(crate) fn decide_each(&mut self, asks: impl Fn(usize) -> (u64, u64)) {
         let statuses = &mut self.statuses;
         self.allowed = statuses.iter().all(|s| s.allowed);
         if self.allowed {
@@ -119,10 +126,16 @@ impl Decision {
             return;
         }
         // All or nothing: quotas that would have admitted were not charged either.
-        for s in statuses.iter_mut().filter(|s| s.allowed) {
-            *s = s.refunded(cost);
+        for (i, s) in statuses.iter_mut().enumerate() {
+            if s.allowed {
+                *s = s.refunded(asks(i).1);
+            }
         }
-        self.reason = Some(if statuses.iter().any(|s| cost > s.limit) {
+        let never = statuses
+            .iter()
+            .enumerate()
+            .any(|(i, s)| asks(i).0 > s.limit);
+        self.reason = Some(if never {
             RejectReason::CostExceedsLimit
         } else {
             RejectReason::Exhausted

@@ -238,6 +238,9 @@ pub struct Quota {
     name: Option<Cow<'static, str>>,
     /// `None`: requests.
     unit: Option<Cow<'static, str>>,
+    /// A quota in another unit: admit only while the reservation fits
+    /// (else while anything is left).
+    must_fit: bool,
     /// The token-bucket / GCRA rate, made from the fields above whenever
     /// they change: a charge reads it instead of recomputing a GCD.
     rate: Rate,
@@ -294,6 +297,7 @@ impl Quota {
             burst: None,
             name: None,
             unit: None,
+            must_fit: false,
             // The burst is the limit until one is set (`rated` then).
             rate: Rate::capped(limit, window_ms, limit),
         }
@@ -344,6 +348,44 @@ impl Quota {
     /// The unit when it is not requests: what the IETF field's `qu` says.
     pub(crate) fn unit_param(&self) -> Option<&str> {
         self.unit.as_deref()
+    }
+
+    /// Whether the quota counts requests, charged the request's
+    /// [`cost`](crate::RateLimitLayerBuilder::cost) at its start. A quota in
+    /// any other unit is charged the request's
+    /// [`reservation`](crate::RateLimitLayerBuilder::reserve) instead, and
+    /// settled to what the request really cost once that is known
+    /// ([`settle`](crate::RateLimitLayerBuilder::settle)).
+    pub fn counts_requests(&self) -> bool {
+        self.unit.is_none()
+    }
+
+    /// For a quota in another unit than requests: admit a request only while
+    /// its whole reservation (and at least one unit) fits. By default such a
+    /// quota admits while it has anything left and charges the whole
+    /// reservation, past the limit if need be: what a request really costs
+    /// is known only at its end, so the quota is a budget that may be
+    /// overdrawn by the requests in flight when it runs out, and pays the
+    /// debt back before admitting again. Has no effect on a request quota.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::Quota;
+    /// let upload = Quota::new(10_000_000, Duration::from_secs(60))?
+    ///     .with_unit("content-bytes")?
+    ///     .only_while_the_reservation_fits();
+    /// assert!(upload.reservation_must_fit());
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn only_while_the_reservation_fits(mut self) -> Self {
+        self.must_fit = true;
+        self
+    }
+
+    /// Whether the quota admits only while the reservation fits (see
+    /// [`only_while_the_reservation_fits`](Self::only_while_the_reservation_fits)).
+    pub fn reservation_must_fit(&self) -> bool {
+        self.must_fit
     }
 
     /// Sets the algorithm (default [`Algorithm::FixedWindow`]). Errors when the
@@ -481,11 +523,16 @@ impl Quota {
         }
     }
 
-    /// The identity of this quota's state within a key: algorithm and window. Two
+    /// The identity of this quota's state within a key: algorithm, window
+    /// and unit. Two
     /// quotas with the same slot would share state, so a policy refuses them.
     /// The limit is not part of it, so a changed limit applies to the open window.
     pub(crate) fn slot(&self) -> String {
-        format!("{}{}", self.algorithm.code(), self.window_ms)
+        match &self.unit {
+            None => format!("{}{}", self.algorithm.code(), self.window_ms),
+            // Another unit is another count: `fw60000/tokens/`.
+            Some(unit) => format!("{}{}/{unit}/", self.algorithm.code(), self.window_ms),
+        }
     }
 
     /// The token-bucket / GCRA rate of the quota in exact fine units.
@@ -633,8 +680,9 @@ impl Policy {
     }
 
     /// Adds a quota; errors past [`MAX_QUOTAS`] or when two quotas share an
-    /// algorithm and window (they would share state). Quotas of different
-    /// algorithms mix freely and are still charged in one atomic call.
+    /// algorithm, window and unit (they would share state). Quotas of
+    /// different algorithms or units mix freely and are still charged in
+    /// one atomic call.
     ///
     /// ```
     /// # use std::num::NonZeroU32;
@@ -642,7 +690,9 @@ impl Policy {
     /// let n = |n| NonZeroU32::new(n).unwrap();
     /// let p = Policy::new(Quota::per_second(n(10)));
     /// assert!(p.clone().and(Quota::per_second(n(20))).is_err());
-    /// assert!(p.and(Quota::per_hour(n(1000))).is_ok());
+    /// assert!(p.clone().and(Quota::per_hour(n(1000))).is_ok());
+    /// assert!(p.and(Quota::per_second(n(500)).with_unit("tokens")?).is_ok());
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
     pub fn and(self, quota: Quota) -> Result<Self, ConfigError> {
         let mut v: Vec<Quota> = self.quotas().to_vec();
@@ -653,8 +703,9 @@ impl Policy {
         }
         if v.iter().any(|q| q.slot() == quota.slot()) {
             return Err(ConfigError::new(format!(
-                "two quotas with the same algorithm and window ({}) would share state; give them different windows",
-                format_window(quota.window_ms)
+                "two quotas with the same algorithm, window ({}) and unit ({}) would share state; give them different windows",
+                format_window(quota.window_ms),
+                quota.unit()
             )));
         }
         v.push(quota);

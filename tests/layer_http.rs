@@ -748,9 +748,9 @@ impl tower_ratelimit::store::Store for SpentStore {
     > {
         spent(Err(tower_ratelimit::StoreError::CircuitOpen))
     }
-    fn refund(
+    fn settle(
         &self,
-        _: &tower_ratelimit::store::Refund<'_>,
+        _: &tower_ratelimit::store::Settle<'_>,
     ) -> tower_ratelimit::store::StoreFuture<Result<(), tower_ratelimit::StoreError>> {
         tower_ratelimit::store::StoreFuture::ready(Ok(()))
     }
@@ -928,7 +928,9 @@ async fn a_quota_in_content_bytes_spends_each_uploads_size_and_names_its_unit_in
         .named("upload")
         .unwrap()
         .with_unit("content-bytes")
-        .unwrap();
+        .unwrap()
+        // Each upload's size is known up front: it must fit.
+        .only_while_the_reservation_fits();
     let layer = RateLimitLayer::builder()
         .quota(bytes)
         .key(Global)

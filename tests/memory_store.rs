@@ -14,6 +14,7 @@ fn charge(store: &MemoryStore, ns: &Namespace, key: Key, policy: &Policy, now_ms
             key: &key,
             policy,
             cost: 1,
+            units: 1,
             now_ms,
             timeout: Duration::from_millis(50),
         })

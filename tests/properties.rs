@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, SystemClock};
 use tower_ratelimit::key::Key;
-use tower_ratelimit::store::{Charge, MemoryStore, Namespace, RedisStore, Refund, Store};
+use tower_ratelimit::store::{Charge, MemoryStore, Namespace, RedisStore, Settle, Store};
 use tower_ratelimit::{Algorithm, Decision, Policy, Quota, QuotaStatus};
 
 /// One request: `gap` ms after the previous one, asking for `cost`; a free
@@ -127,14 +127,12 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
                 key: &key,
                 policy,
                 cost: out[i].cost,
+                units: out[i].cost,
                 now_ms: out[i].t,
                 timeout: Duration::from_secs(5),
             };
             store
-                .refund(&Refund {
-                    charge,
-                    decision: &decisions[i],
-                })
+                .settle(&Settle::free(charge, &decisions[i]))
                 .await
                 .unwrap();
         }
@@ -148,6 +146,7 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
             key: &key,
             policy,
             cost: s.cost,
+            units: s.cost,
             now_ms: t,
             timeout: Duration::from_secs(5),
         };
@@ -155,13 +154,7 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
         let refunded = s.refund.is_some() && d.is_allowed();
         if let (Some(after), true) = (s.refund, refunded) {
             if after == 0 {
-                store
-                    .refund(&Refund {
-                        charge,
-                        decision: &d,
-                    })
-                    .await
-                    .unwrap();
+                store.settle(&Settle::free(charge, &d)).await.unwrap();
             } else {
                 due.push((j + after, j));
             }

@@ -61,6 +61,7 @@ impl Sequence<'_> {
             key: &self.keys[k],
             policy: &self.policies[p],
             cost,
+            units: cost,
             now_ms: self.now + t,
             timeout: Duration::from_secs(5),
         })
@@ -88,6 +89,7 @@ fn charge(
         key,
         policy,
         cost: 1,
+        units: 1,
         now_ms: now,
         timeout: Duration::from_secs(5),
     })
@@ -843,6 +845,7 @@ async fn a_charge_that_timed_out_is_never_sent_again() {
             key: &key,
             policy: &p,
             cost: 1,
+            units: 1,
             now_ms: now,
             timeout: Duration::from_millis(100),
         })

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
-use tower_ratelimit::store::{Charge, Namespace, RedisStore, Refund, Store, StoreFuture};
+use tower_ratelimit::store::{Charge, Namespace, RedisStore, Settle, Store, StoreFuture};
 use tower_ratelimit::{
     CircuitBreaker, Decision, DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError,
 };
@@ -191,6 +191,7 @@ async fn store_error(store: &RedisStore, key: &str) -> StoreError {
         key: &key,
         policy: &policy,
         cost: 1,
+        units: 1,
         now_ms: SystemClock.now_ms(),
         timeout: Duration::from_millis(500),
     };
@@ -264,6 +265,7 @@ async fn busy_from_a_long_script_is_a_store_error() {
             key: &key,
             policy: &policy,
             cost: 1,
+            units: 1,
             now_ms: SystemClock.now_ms(),
             timeout: Duration::from_millis(500),
         };
@@ -300,6 +302,7 @@ async fn readonly_from_a_demoted_primary_is_a_store_error_and_the_connection_is_
         key: &key,
         policy: &policy,
         cost: 1,
+        units: 1,
         now_ms: SystemClock.now_ms(),
         timeout: Duration::from_millis(500),
     };
@@ -360,8 +363,8 @@ impl Store for Counting {
         self.charges.fetch_add(1, Ordering::SeqCst);
         self.inner.charge(call)
     }
-    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
-        self.inner.refund(call)
+    fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
+        self.inner.settle(call)
     }
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         self.inner.status(call)
@@ -619,6 +622,7 @@ async fn an_allkeys_lru_redis_is_warned_about_and_evicted_state_reads_as_a_fresh
         key: &key,
         policy: &policy,
         cost: 1,
+        units: 1,
         now_ms,
         timeout: Duration::from_secs(1),
     };

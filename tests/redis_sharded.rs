@@ -62,6 +62,7 @@ async fn charge_all(store: &ShardedStore, keys: &[Key]) {
                     key,
                     policy: &policy,
                     cost: 1,
+                    units: 1,
                     now_ms: now,
                     timeout: Duration::from_secs(5),
                 };

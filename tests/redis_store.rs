@@ -16,7 +16,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{
-    Charge, EvictionCheck, Namespace, RedisStore, Refund, Store, TimeSource,
+    Charge, EvictionCheck, Namespace, RedisStore, Settle, Store, TimeSource,
 };
 use tower_ratelimit::{DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError};
 
@@ -247,6 +247,7 @@ fn charge<'a>(
         key,
         policy,
         cost,
+        units: cost,
         now_ms,
         timeout: Duration::from_secs(2),
     }
@@ -330,10 +331,10 @@ async fn a_refund_that_arrives_after_its_window_ended_does_not_touch_the_new_win
         .unwrap();
     assert_eq!(new_decision.statuses()[0].remaining, 3);
     store
-        .refund(&Refund {
-            charge: charge(&ns, &key, &policy, 3, t0 + 1_001),
-            decision: &old_decision,
-        })
+        .settle(&Settle::free(
+            charge(&ns, &key, &policy, 3, t0 + 1_001),
+            &old_decision,
+        ))
         .await
         .unwrap();
     let now = store

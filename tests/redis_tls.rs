@@ -68,6 +68,7 @@ async fn charge(store: &RedisStore) -> Result<tower_ratelimit::Decision, StoreEr
             key: &Key::new("direct"),
             policy: &hourly(10),
             cost: 1,
+            units: 1,
             now_ms: SystemClock.now_ms(),
             timeout: Duration::from_secs(2),
         })

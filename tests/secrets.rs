@@ -123,6 +123,7 @@ async fn charge(store: &RedisStore) -> tower_ratelimit::StoreError {
             key: &Key::new("k"),
             policy: &Policy::new(Quota::per_second(NonZeroU32::new(5).unwrap())),
             cost: 1,
+            units: 1,
             now_ms: SystemClock.now_ms(),
             timeout: Duration::from_secs(2),
         })

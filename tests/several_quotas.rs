@@ -103,6 +103,7 @@ async fn hourly_rejects_and_the_per_second_quota_is_unchanged(store: Arc<dyn Sto
         key: &key,
         policy: &policy,
         cost: 0,
+        units: 0,
         now_ms,
         timeout: Duration::from_secs(2),
     };
@@ -160,6 +161,7 @@ async fn redis_store_hourly_rejection_leaves_the_per_second_quota_unchanged_in_o
             key: &key,
             policy: &policy,
             cost: 0,
+            units: 0,
             now_ms: SystemClock.now_ms(),
             timeout: Duration::from_secs(2),
         })

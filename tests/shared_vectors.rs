@@ -31,6 +31,22 @@ async fn redis_store_rejections_spend_nothing_and_never_lengthen_the_wait() {
 }
 
 #[tokio::test]
+async fn memory_store_settles_below_and_above_the_reservation_in_its_own_window_only() {
+    vectors::settlements_follow_the_rules(&MemoryStore::new(), SystemClock.now_ms()).await;
+}
+
+#[tokio::test]
+async fn redis_store_settles_below_and_above_the_reservation_in_its_own_window_only() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let server = redis_support::RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    vectors::settlements_follow_the_rules(&store, SystemClock.now_ms() + 3_600_000).await;
+    redis_support::assert_every_key_has_a_ttl(&server);
+}
+
+#[tokio::test]
 async fn redis_store_answers_the_shared_table() {
     if !redis_support::require_redis() {
         return;

@@ -123,6 +123,7 @@ async fn measure(arrivals: &[u64]) -> Measured {
         key: &key,
         policy,
         cost,
+        units: cost,
         now_ms,
         timeout: Duration::from_secs(1),
     };

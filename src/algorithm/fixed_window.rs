@@ -4,6 +4,7 @@
 //!
 //! Mirrored, decision for decision, by `lua/fixed_window.lua`.
 
+use super::{add_capped, Ask};
 use crate::decision::QuotaStatus;
 use std::num::NonZeroU64;
 
@@ -28,25 +29,27 @@ pub(crate) fn current(state: Option<State>, window_ms: u64, now: u64) -> State {
     }
 }
 
-/// Decides whether `cost` fits; returns the status and the state to store if it does.
+/// Decides whether `ask.fit` fits; returns the status and the state to
+/// store if it does, charged `ask.charge` (which may go past the limit: a
+/// reservation charged whole while anything is left).
 pub(crate) fn charge(
     state: Option<State>,
     limit: u64,
     window_ms: u64,
     now: u64,
-    cost: u64,
+    ask: Ask,
 ) -> (QuotaStatus, State) {
     let s = current(state, window_ms, now);
-    let allowed = cost <= limit && s.count.saturating_add(cost) <= limit;
+    let allowed = ask.fit <= limit && s.count.saturating_add(ask.fit) <= limit;
     let next = if allowed {
         State {
-            count: s.count + cost,
+            count: add_capped(s.count, ask.charge),
             ..s
         }
     } else {
         s
     };
-    let status = status_of(next, limit, now, allowed, cost);
+    let status = status_of(next, limit, now, allowed, ask.fit);
     (status, next)
 }
 
@@ -61,6 +64,20 @@ pub(crate) fn refund(state: Option<State>, window_id: u64, now: u64, cost: u64) 
     match state {
         Some(s) if s.reset_ms == window_id && s.reset_ms > now => Some(State {
             count: s.count.saturating_sub(cost),
+            ..s
+        }),
+        _ => None,
+    }
+}
+
+/// Charges `extra` more to the window `window_id` (its reset), only while
+/// that window is still the stored one and has not ended: a settlement above
+/// the reservation. The count may pass the limit (remaining shows 0 until the
+/// reset).
+pub(crate) fn debit(state: Option<State>, window_id: u64, now: u64, extra: u64) -> Option<State> {
+    match state {
+        Some(s) if s.reset_ms == window_id && s.reset_ms > now => Some(State {
+            count: add_capped(s.count, extra),
             ..s
         }),
         _ => None,
@@ -96,7 +113,7 @@ mod tests {
     #[test]
     fn first_request_opens_a_window_ending_one_window_later() {
         let clock = ManualClock::new(10_000);
-        let (st, s) = charge(None, 3, W, clock.now_ms(), 1);
+        let (st, s) = charge(None, 3, W, clock.now_ms(), Ask::of(1));
         assert!(st.allowed);
         assert_eq!((st.remaining, st.reset_ms), (2, 70_000));
         assert_eq!(
@@ -111,14 +128,14 @@ mod tests {
     #[test]
     fn boundary_last_ms_of_window_is_still_the_old_window_and_reset_instant_is_new() {
         let clock = ManualClock::new(0);
-        let (_, s) = charge(None, 1, W, clock.now_ms(), 1);
+        let (_, s) = charge(None, 1, W, clock.now_ms(), Ask::of(1));
         clock.set(W - 1);
-        let (st, _) = charge(Some(s), 1, W, clock.now_ms(), 1);
+        let (st, _) = charge(Some(s), 1, W, clock.now_ms(), Ask::of(1));
         assert!(!st.allowed);
         assert_eq!(st.retry_after_ms, 1);
         assert_eq!(st.reset_ms, W);
         clock.advance(Duration::from_millis(1));
-        let (st, s2) = charge(Some(s), 1, W, clock.now_ms(), 1);
+        let (st, s2) = charge(Some(s), 1, W, clock.now_ms(), Ask::of(1));
         assert!(st.allowed);
         assert_eq!(
             s2.reset_ms,
@@ -129,19 +146,19 @@ mod tests {
 
     #[test]
     fn cost_above_one_spends_several_units_and_rejects_when_it_does_not_fit() {
-        let (st, s) = charge(None, 5, W, 0, 3);
+        let (st, s) = charge(None, 5, W, 0, Ask::of(3));
         assert_eq!((st.allowed, st.remaining), (true, 2));
-        let (st, s2) = charge(Some(s), 5, W, 1, 3);
+        let (st, s2) = charge(Some(s), 5, W, 1, Ask::of(3));
         assert!(!st.allowed);
         assert_eq!(st.remaining, 2, "a rejected request is not charged");
         assert_eq!(s2, s);
-        let (st, _) = charge(Some(s), 5, W, 1, 2);
+        let (st, _) = charge(Some(s), 5, W, 1, Ask::of(2));
         assert_eq!((st.allowed, st.remaining), (true, 0));
     }
 
     #[test]
     fn cost_above_the_limit_is_never_admitted_even_in_a_fresh_window() {
-        let (st, s) = charge(None, 5, W, 0, 6);
+        let (st, s) = charge(None, 5, W, 0, Ask::of(6));
         assert!(!st.allowed);
         assert_eq!(st.remaining, 5);
         assert_eq!(s.count, 0);
@@ -150,7 +167,7 @@ mod tests {
 
     #[test]
     fn lowered_limit_clamps_remaining_to_zero() {
-        let (_, s) = charge(None, 10, W, 0, 8);
+        let (_, s) = charge(None, 10, W, 0, Ask::of(8));
         let st = peek(Some(s), 5, W, 1);
         assert_eq!(st.remaining, 0);
         let st = peek(Some(s), 20, W, 1);
@@ -159,7 +176,7 @@ mod tests {
 
     #[test]
     fn refund_to_the_current_window_returns_the_cost_and_never_goes_below_zero() {
-        let (_, s) = charge(None, 5, W, 0, 2);
+        let (_, s) = charge(None, 5, W, 0, Ask::of(2));
         let r = refund(Some(s), s.reset_ms, 10, 2).unwrap();
         assert_eq!(r.count, 0);
         let r = refund(Some(s), s.reset_ms, 10, 7).unwrap();
@@ -168,9 +185,9 @@ mod tests {
 
     #[test]
     fn refund_to_an_expired_window_changes_nothing() {
-        let (_, old) = charge(None, 5, W, 0, 2);
+        let (_, old) = charge(None, 5, W, 0, Ask::of(2));
         // The old window ended; a new one holds 1 unit.
-        let (_, new) = charge(Some(old), 5, W, W + 5, 1);
+        let (_, new) = charge(Some(old), 5, W, W + 5, Ask::of(1));
         assert_eq!(refund(Some(new), old.reset_ms, W + 6, 2), None);
         // Even before anyone opened the new window, an ended window takes no refund.
         assert_eq!(refund(Some(old), old.reset_ms, W, 2), None);

@@ -10,6 +10,7 @@
 //!
 //! Mirrored, decision for decision, by `lua/gcra.lua`.
 
+use super::Ask;
 use crate::decision::QuotaStatus;
 use crate::quota::Rate;
 
@@ -40,15 +41,16 @@ fn tat_after(r: &Rate, now: u64, d: u64) -> State {
     }
 }
 
-/// Decides whether `cost` fits; returns the status and the state to store if it does.
-pub(crate) fn charge(state: Option<State>, r: &Rate, now: u64, cost: u64) -> (QuotaStatus, State) {
-    let (status, after) = r.decide(backlog(state, r, now), now, cost);
+/// Decides whether `ask.fit` fits; returns the status and the state to
+/// store if it does, charged `ask.charge`.
+pub(crate) fn charge(state: Option<State>, r: &Rate, now: u64, ask: Ask) -> (QuotaStatus, State) {
+    let (status, after) = r.decide(backlog(state, r, now), now, ask);
     (status, tat_after(r, now, after))
 }
 
 /// The status at `now` without charging.
 pub(crate) fn peek(state: Option<State>, r: &Rate, now: u64) -> QuotaStatus {
-    r.decide(backlog(state, r, now), now, 0).0
+    r.decide(backlog(state, r, now), now, Ask::of(0)).0
 }
 
 /// Unix ms from which the state reads exactly like an absent one.
@@ -76,6 +78,13 @@ pub(crate) fn refund(
     (give > 0).then(|| tat_after(r, now, d - give))
 }
 
+/// Moves the TAT `extra` units later: a settlement above the reservation.
+/// Unlike a refund it applies whatever was charged since (more debt is
+/// never a gift), as long as the caller checked the charge's window.
+pub(crate) fn debit(state: Option<State>, r: &Rate, now: u64, extra: u64) -> State {
+    tat_after(r, now, r.after(backlog(state, r, now), extra))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,24 +93,24 @@ mod tests {
     fn emission_interval_spaces_requests_after_the_burst() {
         // 4 per second, burst 2: interval 250 ms.
         let r = Rate::of(4, 1_000, 2).unwrap();
-        let (a, s) = charge(None, &r, 1_000, 1);
-        let (b, s) = charge(Some(s), &r, 1_000, 1);
-        let (c, s2) = charge(Some(s), &r, 1_000, 1);
+        let (a, s) = charge(None, &r, 1_000, Ask::of(1));
+        let (b, s) = charge(Some(s), &r, 1_000, Ask::of(1));
+        let (c, s2) = charge(Some(s), &r, 1_000, Ask::of(1));
         assert!(a.allowed && b.allowed && !c.allowed);
         assert_eq!(c.retry_after_ms, 250);
         assert_eq!(s2, s, "a rejection moves nothing");
         assert_eq!(s.tat_ms, 1_500);
-        assert!(charge(Some(s), &r, 1_250, 1).0.allowed);
+        assert!(charge(Some(s), &r, 1_250, Ask::of(1)).0.allowed);
     }
 
     #[test]
     fn a_tat_with_a_fraction_of_a_millisecond_is_kept_exactly() {
         // 3 per second: 333.33 ms per request.
         let r = Rate::of(3, 1_000, 2).unwrap();
-        let (_, s) = charge(None, &r, 0, 2);
+        let (_, s) = charge(None, &r, 0, Ask::of(2));
         assert_eq!((s.tat_ms, s.rem), (666, 2));
         assert_eq!(expires_at(&s), 667);
-        let (st, s) = charge(Some(s), &r, 334, 1);
+        let (st, s) = charge(Some(s), &r, 334, Ask::of(1));
         assert!(st.allowed);
         // Three requests moved the TAT by exactly one second: no drift.
         assert_eq!((s.tat_ms, s.rem), (1_000, 0));
@@ -110,17 +119,17 @@ mod tests {
     #[test]
     fn refund_applies_only_while_the_charge_is_the_latest() {
         let r = Rate::of(1, 1_000, 2).unwrap();
-        let (st, s) = charge(None, &r, 0, 1);
+        let (st, s) = charge(None, &r, 0, Ask::of(1));
         let back = refund(Some(s), &r, st.window_id, 0, 1).unwrap();
         assert_eq!(peek(Some(back), &r, 0).remaining, 2);
-        let (_, later) = charge(Some(s), &r, 10, 1);
+        let (_, later) = charge(Some(s), &r, 10, Ask::of(1));
         assert_eq!(refund(Some(later), &r, st.window_id, 10, 1), None);
     }
 
     #[test]
     fn refund_never_moves_the_tat_before_now() {
         let r = Rate::of(1, 1_000, 2).unwrap();
-        let (st, s) = charge(None, &r, 0, 1);
+        let (st, s) = charge(None, &r, 0, Ask::of(1));
         // Half of the charge has elapsed: only the other half comes back.
         let back = refund(Some(s), &r, st.window_id, 500, 1).unwrap();
         assert_eq!(

@@ -16,6 +16,54 @@ pub(crate) mod token_bucket;
 use crate::decision::QuotaStatus;
 use crate::quota::{Algorithm, Quota};
 
+/// What one request asks of one quota: `fit` units must be left for it to
+/// be admitted, and `charge` units are charged when it is. They are equal
+/// but for a quota in another unit than requests, which admits while it has
+/// anything left and is charged its whole reservation (see [`ask`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ask {
+    pub(crate) fit: u64,
+    pub(crate) charge: u64,
+}
+
+impl Ask {
+    /// `cost` to fit and to charge.
+    pub(crate) const fn of(cost: u64) -> Self {
+        Self {
+            fit: cost,
+            charge: cost,
+        }
+    }
+}
+
+/// What a request of `cost` (the request quotas' charge) and `units` (the
+/// reservation of the quotas in other units) asks of `quota`.
+#[inline]
+pub(crate) fn ask(quota: &Quota, cost: u64, units: u64) -> Ask {
+    if quota.counts_requests() {
+        Ask::of(cost)
+    } else if quota.reservation_must_fit() {
+        Ask {
+            fit: units.max(1),
+            charge: units,
+        }
+    } else {
+        Ask {
+            fit: 1,
+            charge: units,
+        }
+    }
+}
+
+/// The most any count or backlog holds, `2^53 - 1`: debt past it is dropped,
+/// so every number stays exact in the Lua scripts' doubles.
+pub(crate) const MAX_COUNT: u64 = (1 << 53) - 1;
+
+/// `a + b`, capped at [`MAX_COUNT`].
+pub(crate) fn add_capped(a: u64, b: u64) -> u64 {
+    a.saturating_add(b).min(MAX_COUNT.max(a))
+}
+
 /// One quota's stored state, whatever its algorithm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum State {
@@ -44,7 +92,7 @@ macro_rules! state_as {
     };
 }
 
-/// Evaluates `cost` against `quota` at `now`: the status, and what to write
+/// Evaluates `ask` against `quota` at `now`: the status, and what to write
 /// if every quota of the policy admits the request. A sliding log is pruned
 /// in place first (dropping expired entries changes no decision).
 #[inline]
@@ -52,7 +100,7 @@ pub(crate) fn charge(
     quota: &Quota,
     state: Option<&mut State>,
     now: u64,
-    cost: u64,
+    cost: Ask,
 ) -> (QuotaStatus, Next) {
     let (limit, window) = (quota.limit(), quota.window_ms());
     match quota.algorithm() {
@@ -123,7 +171,7 @@ fn peek_any(quota: &Quota, state: Option<&State>, now: u64) -> QuotaStatus {
                 _ => &empty,
             };
             let (total, live) = log.live(window, now);
-            sliding_log::charge(total, log.newest(), live, limit, window, now, 0)
+            sliding_log::charge(total, log.newest(), live, limit, window, now, Ask::of(0))
         }
     }
 }
@@ -166,6 +214,159 @@ pub(crate) fn expires_at(quota: &Quota, state: &State) -> u64 {
         State::SlidingWindow(s) => sliding_window::expires_at(s, quota.window_ms()),
         State::Gcra(s) => gcra::expires_at(s),
         State::SlidingLog(log) => log.newest().map_or(0, |t| t + quota.window_ms()),
+    }
+}
+
+/// One quota's settlement: what its charge took, and what the request
+/// really cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Settled {
+    /// The state charged: the status's `window_id`.
+    pub(crate) window_id: u64,
+    /// When it was charged (Unix ms).
+    pub(crate) charged_at: u64,
+    /// What the charge took.
+    pub(crate) reserved: u64,
+    /// What the request cost.
+    pub(crate) actual: u64,
+}
+
+/// A status as its charge left it, shown after settling `charged` to
+/// `actual`: what came back is remaining again (the reset before the charge
+/// when everything did); debt takes remaining down to 0 and, for a bucket,
+/// moves the reset later by the time the excess takes to refill.
+pub(crate) fn settled_status(
+    quota: &Quota,
+    status: QuotaStatus,
+    charged: u64,
+    actual: u64,
+) -> QuotaStatus {
+    if actual == 0 && charged > 0 {
+        return status.refunded(charged);
+    }
+    let mut s = status;
+    if actual < charged {
+        s.remaining = s.remaining.saturating_add(charged - actual).min(s.limit);
+    } else if actual > charged {
+        let extra = actual - charged;
+        s.remaining = s.remaining.saturating_sub(extra);
+        if quota.algorithm().has_burst() {
+            let r = quota.rate();
+            s.reset_ms = s
+                .reset_ms
+                .saturating_add(r.ms_to_refill(extra.saturating_mul(r.unit)));
+        }
+    }
+    s
+}
+
+/// What a settlement did to one quota's state.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Nothing (already what it cost, or the state charged is gone).
+    Unchanged,
+    /// Changed the state in place.
+    Changed,
+    /// The state was absent and is now this one (debt on a full bucket or
+    /// an empty log).
+    New(State),
+}
+
+/// Settles one quota's charge: below the reservation the rest comes back
+/// ([`refund`]); above it the excess is charged to the same window or
+/// bucket ([`debit`]).
+pub(crate) fn settle(quota: &Quota, state: Option<&mut State>, now: u64, s: Settled) -> Outcome {
+    let changed = |c: bool| {
+        if c {
+            Outcome::Changed
+        } else {
+            Outcome::Unchanged
+        }
+    };
+    match s.actual.cmp(&s.reserved) {
+        std::cmp::Ordering::Less => changed(refund(
+            quota,
+            state,
+            s.window_id,
+            now,
+            s.reserved - s.actual,
+        )),
+        std::cmp::Ordering::Greater if takes_debt(quota, &s, now) => {
+            debit(quota, state, now, s, s.actual - s.reserved)
+        }
+        _ => Outcome::Unchanged,
+    }
+}
+
+/// Whether a bucket still takes a charge's debt at `now`: within one window
+/// of the charge (a bucket has no window of its own to match). The other
+/// algorithms match the charge's window or log entry instead.
+pub(crate) fn takes_debt(quota: &Quota, s: &Settled, now: u64) -> bool {
+    !quota.algorithm().has_burst() || now < s.charged_at.saturating_add(quota.window_ms())
+}
+
+/// Charges `extra` more to the state a charge went to, while it still holds:
+/// the same fixed or sliding window, a log entry still within its window, or
+/// a bucket (see [`takes_debt`]). Debt stays in the algorithm's own state:
+/// remaining shows 0 until the window resets or the bucket refills from
+/// below zero. A fixed or sliding window that is gone takes nothing; an
+/// absent bucket is a full one and an absent log an empty one, which take
+/// it.
+fn debit(quota: &Quota, state: Option<&mut State>, now: u64, s: Settled, extra: u64) -> Outcome {
+    let window = quota.window_ms();
+    let Some(state) = state else {
+        return match quota.algorithm() {
+            Algorithm::TokenBucket => Outcome::New(State::TokenBucket(token_bucket::debit(
+                None,
+                &quota.rate(),
+                now,
+                extra,
+            ))),
+            Algorithm::Gcra => {
+                Outcome::New(State::Gcra(gcra::debit(None, &quota.rate(), now, extra)))
+            }
+            Algorithm::SlidingLog => {
+                let mut log = sliding_log::Log::default();
+                if log.debit(window, s.window_id, now, extra) {
+                    Outcome::New(State::SlidingLog(log))
+                } else {
+                    Outcome::Unchanged
+                }
+            }
+            _ => Outcome::Unchanged,
+        };
+    };
+    let next = match (quota.algorithm(), &mut *state) {
+        (Algorithm::FixedWindow, State::FixedWindow(st)) => {
+            fixed_window::debit(Some(*st), s.window_id, now, extra).map(State::FixedWindow)
+        }
+        (Algorithm::SlidingWindow, State::SlidingWindow(st)) => {
+            sliding_window::debit(Some(*st), window, s.window_id, extra).map(State::SlidingWindow)
+        }
+        (Algorithm::TokenBucket, State::TokenBucket(st)) => Some(State::TokenBucket(
+            token_bucket::debit(Some(*st), &quota.rate(), now, extra),
+        )),
+        (Algorithm::Gcra, State::Gcra(st)) => Some(State::Gcra(gcra::debit(
+            Some(*st),
+            &quota.rate(),
+            now,
+            extra,
+        ))),
+        (Algorithm::SlidingLog, State::SlidingLog(log)) => {
+            return if log.debit(window, s.window_id, now, extra) {
+                Outcome::Changed
+            } else {
+                Outcome::Unchanged
+            };
+        }
+        _ => None,
+    };
+    match next {
+        Some(n) => {
+            *state = n;
+            Outcome::Changed
+        }
+        None => Outcome::Unchanged,
     }
 }
 

@@ -10,6 +10,7 @@
 //! Every value stays below 2^53, so `lua/rate.lua` computes the same numbers.
 //! ([`Rate`] itself, with its fine units, is the quota's: `crate::quota`.)
 
+use super::{add_capped, Ask};
 use crate::decision::QuotaStatus;
 use crate::quota::Rate;
 use std::num::NonZeroU64;
@@ -25,11 +26,22 @@ impl Rate {
         cost <= self.burst && d + cost * self.unit <= self.capacity
     }
 
+    /// The backlog after charging `cost` more to `d`: it may pass the
+    /// capacity (debt, refilled from below zero), but never 2^53.
+    pub(crate) fn after(&self, d: u64, cost: u64) -> u64 {
+        add_capped(d, cost.saturating_mul(self.unit))
+    }
+
     /// The status at `now` for a backlog `d` read from the store, deciding
-    /// `cost`; returns the status and the backlog to store.
-    pub(crate) fn decide(&self, d: u64, now: u64, cost: u64) -> (QuotaStatus, u64) {
+    /// `ask`; returns the status and the backlog to store.
+    pub(crate) fn decide(&self, d: u64, now: u64, ask: Ask) -> (QuotaStatus, u64) {
+        let cost = ask.fit;
         let allowed = self.fits(d, cost);
-        let after = if allowed { d + cost * self.unit } else { d };
+        let after = if allowed {
+            self.after(d, ask.charge)
+        } else {
+            d
+        };
         let reset_ms = now + self.ms_to_refill(after);
         let retry_after_ms = if allowed || cost > self.burst {
             0
@@ -71,13 +83,13 @@ mod tests {
     fn retry_after_is_the_first_whole_millisecond_at_which_the_cost_fits() {
         let r = Rate::of(3, 1_000, 3).unwrap();
         // Empty bucket: a token needs 1000 units at 3 per ms: 334 ms (333.3 rounded up).
-        let (st, after) = r.decide(3_000, 0, 1);
+        let (st, after) = r.decide(3_000, 0, Ask::of(1));
         assert!(!st.allowed);
         assert_eq!(after, 3_000);
         assert_eq!(st.retry_after_ms, 334);
-        let (st, _) = r.decide(3_000 - 334 * 3, 334, 1);
+        let (st, _) = r.decide(3_000 - 334 * 3, 334, Ask::of(1));
         assert!(st.allowed);
-        let (st, _) = r.decide(3_000 - 333 * 3, 333, 1);
+        let (st, _) = r.decide(3_000 - 333 * 3, 333, Ask::of(1));
         assert!(!st.allowed, "one ms earlier it does not fit");
         assert_eq!(st.retry_after_ms, 1);
     }

@@ -10,6 +10,7 @@
 //! room (for the retry). `lua/sliding_log.lua` returns exactly that, and
 //! both stores run [`charge`] on it.
 
+use super::{add_capped, Ask};
 use crate::decision::QuotaStatus;
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
@@ -34,8 +35,10 @@ impl Log {
         }
     }
 
-    /// Logs `cost` at `now`, merged with an entry of the same ms.
+    /// Logs `cost` at `now`, merged with an entry of the same ms (the total
+    /// stays exact: cost past 2^53 in all is dropped).
     pub(crate) fn record(&mut self, now: u64, cost: u64) {
+        let cost = add_capped(self.total, cost) - self.total;
         if cost == 0 {
             return;
         }
@@ -62,6 +65,16 @@ impl Log {
         give > 0
     }
 
+    /// Charges `extra` more to the entry at `at` (a settlement above the
+    /// reservation), while that time is still within the window at `now`.
+    pub(crate) fn debit(&mut self, window_ms: u64, at: u64, now: u64, extra: u64) -> bool {
+        if at + window_ms <= now || extra == 0 {
+            return false;
+        }
+        self.record(at, extra);
+        true
+    }
+
     /// The live total and entries at `now`, without pruning.
     pub(crate) fn live(
         &self,
@@ -85,10 +98,10 @@ impl Log {
     }
 }
 
-/// Decides `cost` on a log read at `now`: `total` of the live entries,
+/// Decides `ask.fit` on a log read at `now`: `total` of the live entries,
 /// `newest` entry time, and live entries oldest first (enough of them to
 /// find the retry when rejected). Returns the status; the caller records
-/// `cost` at `now` if the whole policy admits it.
+/// `ask.charge` at `now` if the whole policy admits it.
 pub(crate) fn charge(
     total: u64,
     newest: Option<u64>,
@@ -96,11 +109,15 @@ pub(crate) fn charge(
     limit: u64,
     window_ms: u64,
     now: u64,
-    cost: u64,
+    ask: Ask,
 ) -> QuotaStatus {
+    let cost = ask.fit;
     let allowed = cost <= limit && total + cost <= limit;
-    let (after, newest_after) = if allowed && cost > 0 {
-        (total + cost, Some(newest.map_or(now, |t| t.max(now))))
+    let (after, newest_after) = if allowed && ask.charge > 0 {
+        (
+            add_capped(total, ask.charge),
+            Some(newest.map_or(now, |t| t.max(now))),
+        )
     } else {
         (total, newest)
     };
@@ -142,7 +159,7 @@ mod tests {
     fn charge_log(log: &mut Log, limit: u64, now: u64, cost: u64) -> QuotaStatus {
         log.prune(W, now);
         let (total, live) = log.live(W, now);
-        let st = charge(total, log.newest(), live, limit, W, now, cost);
+        let st = charge(total, log.newest(), live, limit, W, now, Ask::of(cost));
         if st.allowed {
             log.record(now, cost);
         }

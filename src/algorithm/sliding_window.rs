@@ -12,6 +12,7 @@
 //!
 //! Mirrored, decision for decision, by `lua/sliding_window.lua`.
 
+use super::Ask;
 use crate::decision::QuotaStatus;
 use std::num::NonZeroU64;
 
@@ -52,29 +53,38 @@ fn scaled_usage(s: &State, window_ms: u64, now: u64) -> u64 {
     s.prev * (window_ms - elapsed) + s.cur * window_ms
 }
 
-/// Decides whether `cost` fits; returns the status and the state to store if it does.
+/// The most units one window counts, `2^52 / window` (at least the limit,
+/// as `limit × window ≤ 2^52`): debt past it is dropped, so the scaled
+/// usage stays below 2^53, exact here and in Lua.
+fn most(window_ms: u64) -> u64 {
+    (1 << 52) / window_ms
+}
+
+/// Decides whether `ask.fit` fits; returns the status and the state to
+/// store if it does, charged `ask.charge` (which may pass the limit).
 pub(crate) fn charge(
     state: Option<State>,
     limit: u64,
     window_ms: u64,
     now: u64,
-    cost: u64,
+    ask: Ask,
 ) -> (QuotaStatus, State) {
     let s = current(state, window_ms, now);
     let used = scaled_usage(&s, window_ms, now);
-    let allowed = cost <= limit && used + cost * window_ms <= limit * window_ms;
+    let fit = ask.fit;
+    let allowed = fit <= limit && used + fit * window_ms <= limit * window_ms;
     let next = if allowed {
         State {
-            cur: s.cur + cost,
+            cur: s.cur.saturating_add(ask.charge).min(most(window_ms)),
             ..s
         }
     } else {
         s
     };
-    let retry_after_ms = if allowed || cost > limit {
+    let retry_after_ms = if allowed || fit > limit {
         0
     } else {
-        retry_after(&s, limit, window_ms, now, cost)
+        retry_after(&s, limit, window_ms, now, fit)
     };
     let status = QuotaStatus {
         limit,
@@ -90,7 +100,7 @@ pub(crate) fn charge(
 
 /// The status at `now` without charging.
 pub(crate) fn peek(state: Option<State>, limit: u64, window_ms: u64, now: u64) -> QuotaStatus {
-    charge(state, limit, window_ms, now, 0).0
+    charge(state, limit, window_ms, now, Ask::of(0)).0
 }
 
 fn remaining(s: &State, limit: u64, window_ms: u64, now: u64) -> u64 {
@@ -154,6 +164,31 @@ pub(crate) fn refund(
     }
 }
 
+/// Charges `extra` more to the window it was charged to (`window_id`, its
+/// start), as [`refund`] gives back: a settlement above the reservation.
+pub(crate) fn debit(
+    state: Option<State>,
+    window_ms: u64,
+    window_id: u64,
+    extra: u64,
+) -> Option<State> {
+    let s = state?;
+    let add = |n: u64| n.saturating_add(extra).min(most(window_ms));
+    if s.start_ms == window_id {
+        Some(State {
+            cur: add(s.cur),
+            ..s
+        })
+    } else if s.start_ms == window_id + window_ms {
+        Some(State {
+            prev: add(s.prev),
+            ..s
+        })
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,37 +205,37 @@ mod tests {
         // A quarter into the window: 8 × 0.75 + 2 = 8 used of 10.
         let st = peek(Some(s), 10, W, 10_250);
         assert_eq!(st.remaining, 2);
-        let (st, _) = charge(Some(s), 10, W, 10_250, 3);
+        let (st, _) = charge(Some(s), 10, W, 10_250, Ask::of(3));
         assert!(!st.allowed);
         // 8 × (1 − e) + 2 + 3 ≤ 10 once e ≥ 0.375.
         assert_eq!(st.retry_after_ms, 125);
-        assert!(charge(Some(s), 10, W, 10_375, 3).0.allowed);
-        assert!(!charge(Some(s), 10, W, 10_374, 3).0.allowed);
+        assert!(charge(Some(s), 10, W, 10_375, Ask::of(3)).0.allowed);
+        assert!(!charge(Some(s), 10, W, 10_374, Ask::of(3)).0.allowed);
     }
 
     #[test]
     fn a_full_current_window_waits_into_the_next_one() {
-        let (_, s) = charge(None, 4, W, 5_000, 4);
-        let (st, _) = charge(Some(s), 4, W, 5_500, 2);
+        let (_, s) = charge(None, 4, W, 5_000, Ask::of(4));
+        let (st, _) = charge(Some(s), 4, W, 5_500, Ask::of(2));
         assert!(!st.allowed);
         // Next window: 4 × (1 − e) + 2 ≤ 4 once e ≥ 0.5: 500 + 500 ms.
         assert_eq!(st.retry_after_ms, 1_000);
-        assert!(charge(Some(s), 4, W, 6_500, 2).0.allowed);
-        assert!(!charge(Some(s), 4, W, 6_499, 2).0.allowed);
+        assert!(charge(Some(s), 4, W, 6_500, Ask::of(2)).0.allowed);
+        assert!(!charge(Some(s), 4, W, 6_499, Ask::of(2)).0.allowed);
         assert_eq!(st.reset_ms, 7_000);
     }
 
     #[test]
     fn windows_two_apart_forget_everything() {
-        let (_, s) = charge(None, 4, W, 5_000, 4);
+        let (_, s) = charge(None, 4, W, 5_000, Ask::of(4));
         let st = peek(Some(s), 4, W, 7_000);
         assert_eq!((st.remaining, st.reset_ms), (4, 7_000));
     }
 
     #[test]
     fn refund_reaches_the_previous_window_once_the_window_moved_on() {
-        let (st, s) = charge(None, 4, W, 5_000, 3);
-        let (_, s) = charge(Some(s), 4, W, 6_000, 1);
+        let (st, s) = charge(None, 4, W, 5_000, Ask::of(3));
+        let (_, s) = charge(Some(s), 4, W, 6_000, Ask::of(1));
         let back = refund(Some(s), W, st.window_id, 2).unwrap();
         assert_eq!((back.cur, back.prev), (1, 1));
         assert_eq!(refund(Some(back), W, 3_000, 1), None);

@@ -64,6 +64,8 @@ pub struct Settings {
     key: KeySource,
     policy: Option<PolicySource>,
     cost: Option<Arc<super::limiter::CostFn>>,
+    reserve: Option<Arc<super::limiter::CostFn>>,
+    settle: Option<Arc<super::limiter::SettleFn>>,
     refund: Arc<super::limiter::RefundFn>,
     status_extension: bool,
     on_rejection: Arc<RejectionFn>,
@@ -90,6 +92,8 @@ impl RateLimitLayer {
                 key: KeySource::Sync(Arc::new(Global)),
                 policy: None,
                 cost: None,
+                reserve: None,
+                settle: None,
                 refund: Arc::new(|status, _| status == StatusCode::NOT_MODIFIED),
                 status_extension: false,
                 on_rejection: Arc::new(default_rejection),
@@ -361,7 +365,76 @@ impl Builder<Settings> {
         self
     }
 
-    /// Which responses are free: their cost is refunded (default: `304 Not Modified`).
+    /// What a request reserves in each quota of another unit than requests
+    /// (tokens, bytes, query cost; see [`Quota::with_unit`](crate::Quota::with_unit)),
+    /// charged at its start and settled when its real cost is known
+    /// ([`settle`](Self::settle)). Default: the request's
+    /// [`cost`](Self::cost). Quotas counting requests are charged the cost
+    /// and never settled (but a free response, [`refund_if`](Self::refund_if),
+    /// gives everything back).
+    ///
+    /// A reservation only has to be an estimate: a unit quota admits while
+    /// it has anything left, charges the whole reservation, and takes what
+    /// the settlement adds beyond it as debt, paid back before it admits
+    /// again. What the fleet admits beyond such a quota is bounded by the
+    /// settlements in flight when it ran out: at most the sum of the real
+    /// costs of the requests admitted while it still had something left.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
+    /// let policy = Policy::new(Quota::new(60, Duration::from_secs(60))?)
+    ///     .and(Quota::new(100_000, Duration::from_secs(60))?.named("tokens")?.with_unit("tokens")?)?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(policy)
+    ///     // An estimate from the prompt's size; the real count comes later.
+    ///     .reserve(|parts| parts.headers.get("content-length")
+    ///         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    ///         .map_or(0, |bytes| bytes / 4))
+    ///     .settle(|_status, headers| headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn reserve<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+    {
+        self.kind.reserve = Some(Arc::new(f));
+        self
+    }
+
+    /// What a request really cost each quota of another unit than requests,
+    /// read from the response head (e.g. a header the handler set), or
+    /// `None` to keep the reservation. The settlement is one atomic store
+    /// call, off the response path, against the same windows and buckets
+    /// the reservation was charged to: below the reservation the rest comes
+    /// back, above it the excess is charged there too (remaining shows 0
+    /// until the window resets or the bucket refills from below zero). A
+    /// settlement after its window ended changes nothing. The headers show
+    /// the settled state; a handler that sets the header for a streamed
+    /// body must know the count when it answers.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
+    /// let tokens = Quota::new(1_000, Duration::from_secs(60))?.named("tokens")?.with_unit("tokens")?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(tokens)
+    ///     .reserve(|_| 0)
+    ///     .settle(|_status, headers| headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn settle<F>(mut self, f: F) -> Self
+    where
+        F: Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync + 'static,
+    {
+        self.kind.settle = Some(Arc::new(f));
+        self
+    }
+
+    /// Which responses are free: everything they were charged is given back
+    /// (default: `304 Not Modified`).
     ///
     /// ```
     /// # use std::num::NonZeroU32;
@@ -508,6 +581,8 @@ impl Builder<Settings> {
                 key: kind.key,
                 policy,
                 cost: kind.cost,
+                reserve: kind.reserve,
+                settle: kind.settle,
                 headers: common.headers,
                 status_extension: kind.status_extension,
                 refund: kind.refund,

@@ -18,7 +18,7 @@ use crate::later::{BoxFuture, Later};
 use crate::metrics::{StoreMetrics as Metrics, RATE_LIMIT};
 use crate::problem;
 use crate::quota::Policy;
-use crate::store::{Charge, MemoryStore, Namespace, Refund, Store};
+use crate::store::{Charge, MemoryStore, Namespace, Settle, Store};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Response, StatusCode};
@@ -32,6 +32,7 @@ pub(crate) type AsyncPolicyFn =
     dyn Fn(&Parts, Key) -> BoxFuture<Result<Policy, KeyError>> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
+pub(crate) type SettleFn = dyn Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync;
 pub(crate) type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type KeyErrorFn = crate::builder::KeyErrorFn;
 
@@ -53,6 +54,10 @@ pub(crate) struct Limiter {
     pub(crate) key: KeySource,
     pub(crate) policy: PolicySource,
     pub(crate) cost: Option<Arc<CostFn>>,
+    /// The reservation in quotas of other units (default: the cost).
+    pub(crate) reserve: Option<Arc<CostFn>>,
+    /// What a request really cost those quotas, from the response head.
+    pub(crate) settle: Option<Arc<SettleFn>>,
     pub(crate) headers: HeaderStyle,
     /// Whether a charged request carries its [`Status`] to the inner service.
     pub(crate) status_extension: bool,
@@ -93,6 +98,7 @@ pub(crate) struct Charged {
     key: Key,
     policy: Policy,
     cost: u64,
+    units: u64,
     now_ms: u64,
     decision: Decision,
     /// Where the charge went, so a refund goes to the same place.
@@ -134,7 +140,10 @@ pub(crate) type Deciding = Later<Verdict>;
 struct Asked {
     key: Key,
     policy: Policy,
+    /// What it costs each quota counting requests.
     cost: u64,
+    /// What it reserves in each quota of another unit.
+    units: u64,
     now_ms: u64,
     grpc: bool,
 }
@@ -157,12 +166,19 @@ impl Limiter {
             .get_or_init(|| Metrics::new(&RATE_LIMIT, self.namespace.name()))
     }
 
-    fn call<'a>(&'a self, key: &'a Key, policy: &'a Policy, cost: u64, now_ms: u64) -> Charge<'a> {
+    fn call<'a>(
+        &'a self,
+        key: &'a Key,
+        policy: &'a Policy,
+        (cost, units): (u64, u64),
+        now_ms: u64,
+    ) -> Charge<'a> {
         Charge {
             namespace: &self.namespace,
             key,
             policy,
             cost,
+            units,
             now_ms,
             timeout: self.store_timeout,
         }
@@ -231,7 +247,8 @@ impl Limiter {
     /// The whole path of one request to its verdict.
     pub(crate) fn decide(self: &Arc<Self>, parts: &Parts) -> Deciding {
         let grpc = grpc::is_grpc(parts);
-        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+        let weight = self.cost.as_ref().map_or(1, |f| f(parts));
+        let cost = (weight, self.reserve.as_ref().map_or(weight, |f| f(parts)));
         match self.resolve(parts) {
             Ok(resolution) => self.charge(resolution, cost, grpc),
             Err(later) => {
@@ -246,7 +263,7 @@ impl Limiter {
 
     /// Makes the one store call of a request (or answers from the
     /// coordinated mode, the deny cache or the open breaker without one).
-    fn charge(self: &Arc<Self>, resolution: Resolution, cost: u64, grpc: bool) -> Deciding {
+    fn charge(self: &Arc<Self>, resolution: Resolution, cost: (u64, u64), grpc: bool) -> Deciding {
         let (key, policy) = match resolution {
             Resolution::Found(key, policy) => (key, policy),
             Resolution::Exempt => {
@@ -261,18 +278,19 @@ impl Limiter {
         let asked = Asked {
             key,
             policy,
-            cost,
+            cost: cost.0,
+            units: cost.1,
             now_ms,
             grpc,
         };
         #[cfg(feature = "redis")]
         if let Some(c) = &self.coordinator {
-            let decision = c.decide(&asked.key, &asked.policy, cost, now_ms);
+            let decision = c.decide(&asked.key, &asked.policy, cost.0, now_ms);
             return Later::Now(self.verdict(asked, Source::Coordinated, Ok(decision)));
         }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) =
-                denials.check(&asked.key, cost, self.clock.monotonic())
+                denials.check(&asked.key, cost.0, self.clock.monotonic())
             {
                 self.metrics().deny_cache_hits.increment(1);
                 let asked = Asked { policy, ..asked };
@@ -340,6 +358,7 @@ impl Limiter {
             key: asked.key,
             policy: asked.policy,
             cost: asked.cost,
+            units: asked.units,
             now_ms: asked.now_ms,
             decision,
             to,
@@ -416,7 +435,12 @@ impl Limiter {
                 };
                 let policy = asked.policy.scaled(fraction);
                 let decision = local
-                    .charge(&self.call(&asked.key, &policy, asked.cost, asked.now_ms))
+                    .charge(&self.call(
+                        &asked.key,
+                        &policy,
+                        (asked.cost, asked.units),
+                        asked.now_ms,
+                    ))
                     .now_or_never();
                 let asked = Asked { policy, ..asked };
                 match decision {
@@ -436,20 +460,25 @@ impl Limiter {
             .key_error(err, grpc, &*self.on_key_error, self.metrics())
     }
 
-    /// After the inner service answered: refund if the response is free, then
-    /// write the headers (showing the refunded remaining).
+    /// After the inner service answered: settle the charge (everything
+    /// back for a free response; quotas of other units to what the response
+    /// says it cost), then write the headers, showing the settled state.
     pub(crate) fn finish(
         self: &Arc<Self>,
         charged: &mut Charged,
         status: StatusCode,
         headers: &mut HeaderMap,
     ) {
-        // A zero cost spent nothing: there is nothing to give back.
-        if charged.cost > 0 && (self.refund)(status, headers) {
-            self.refund(charged);
-            for s in charged.decision.statuses_mut() {
-                *s = s.refunded(charged.cost);
-            }
+        let owed = if (self.refund)(status, headers) {
+            Some((0, 0))
+        } else {
+            self.settle
+                .as_ref()
+                .and_then(|f| f(status, headers))
+                .map(|units| (charged.cost, units))
+        };
+        if let Some(owed) = owed {
+            self.settle_charge(charged, owed);
         }
         headers::apply(
             self.headers,
@@ -460,27 +489,48 @@ impl Limiter {
         );
     }
 
-    /// Gives a charge back, off the response path.
-    fn refund(self: &Arc<Self>, c: &Charged) {
+    /// Settles a charge to `(cost, units)` off the response path, and shows
+    /// the settled state in its statuses.
+    fn settle_charge(self: &Arc<Self>, c: &mut Charged, (cost, units): (u64, u64)) {
         let store: &dyn Store = match (&self.fallback, c.to) {
             #[cfg(feature = "redis")]
             (_, ChargedTo::Nowhere) => return,
             (Some(local), ChargedTo::Local) => local,
             _ => &*self.store,
         };
-        let fut = store.refund(&Refund {
-            charge: self.call(&c.key, &c.policy, c.cost, c.now_ms),
+        let settle = Settle {
+            charge: self.call(&c.key, &c.policy, (c.cost, c.units), c.now_ms),
             decision: &c.decision,
-        });
+            cost,
+            units,
+            now_ms: self.clock.now_ms(),
+        };
+        if !settle.changes_anything() {
+            return;
+        }
+        let settled: Vec<_> = c
+            .policy
+            .quotas()
+            .iter()
+            .zip(c.decision.statuses())
+            .map(|(q, s)| {
+                let (charged, actual) = settle.amounts(q);
+                crate::algorithm::settled_status(q, *s, charged, actual)
+            })
+            .collect();
+        let fut = store.settle(&settle);
+        for (s, new) in c.decision.statuses_mut().iter_mut().zip(settled) {
+            *s = new;
+        }
         let this = self.clone();
         if !failure::off_path(fut, self.backstop, move |result, started| {
             if let Err(err) = this.metrics().off_path_done(result, started) {
                 this.guard.log.event(Log::StoreError, || {
-                    tracing::warn!(limiter = this.namespace.name(), error = %err, kind = err.kind(), "rate limit refund failed; the charge stands");
+                    tracing::warn!(limiter = this.namespace.name(), error = %err, kind = err.kind(), "rate limit settlement failed; the charge stands");
                 });
             }
         }) {
-            tracing::warn!("no tokio runtime to run a refund on; the charge stands");
+            tracing::warn!("no tokio runtime to run a settlement on; the charge stands");
         }
     }
 
@@ -502,7 +552,7 @@ impl Limiter {
         let now_ms = self.clock.now_ms();
         let decision = failure::within(
             self.backstop,
-            self.store.status(&self.call(&key, &policy, 0, now_ms)),
+            self.store.status(&self.call(&key, &policy, (0, 0), now_ms)),
         )
         .await
         .map_err(StatusError::Store)?;

@@ -2,8 +2,8 @@
 //! process's memory, exact and bounded.
 
 use super::slots::{Acquire, Occupancy, Release, SlotId};
-use super::{Charge, Refund, Store, StoreFuture};
-use crate::algorithm::{self, Next, State};
+use super::{Charge, Settle, Store, StoreFuture};
+use crate::algorithm::{self, Next, Outcome, State};
 use crate::bounded::{self, Bounded};
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
@@ -108,15 +108,22 @@ impl Entry {
         self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
     }
 
-    /// Charges `cost` to every quota, all or nothing: each quota's slot is
-    /// looked up once, evaluated, and written only if every quota admits.
-    fn charge(&mut self, quotas: &[Quota], now: u64, cost: u64, decision: &mut Decision) {
+    /// Charges every quota what `cost` and `units` ask of it, all or
+    /// nothing: each quota's slot is looked up once, evaluated, and written
+    /// only if every quota admits.
+    fn charge(
+        &mut self,
+        quotas: &[Quota],
+        now: u64,
+        (cost, units): (u64, u64),
+        decision: &mut Decision,
+    ) {
         // Where each quota's slot is, and what it writes if all admit.
         let mut next = SmallVec::<[(Option<usize>, Next); 2]>::new();
         for q in quotas {
             let at = self.slots.iter().position(|s| s.id == slot_of(q));
             let state = at.map(|i| &mut self.slots[i].state);
-            let (status, n) = algorithm::charge(q, state, now, cost);
+            let (status, n) = algorithm::charge(q, state, now, algorithm::ask(q, cost, units));
             // Rebuilt field by field, not moved whole: a move also copies the
             // padding after `allowed`, whose one-byte store the wide load of
             // the copy then waits on (a store-forwarding stall, a seventh
@@ -127,10 +134,14 @@ impl Entry {
             });
             next.push((at, n));
         }
-        decision.decide(cost);
+        let ask = |i: usize| {
+            let a = algorithm::ask(&quotas[i], cost, units);
+            (a.fit, a.charge)
+        };
+        decision.decide_each(ask);
         if decision.is_allowed() {
-            for (q, (at, n)) in quotas.iter().zip(next.drain(..)) {
-                self.commit(at, q, n, now, cost);
+            for (i, (q, (at, n))) in quotas.iter().zip(next.drain(..)).enumerate() {
+                self.commit(at, q, n, now, ask(i).1);
             }
             self.used = Share::most(decision.statuses());
             if self.slots.iter().any(|s| s.expires_at <= now) {
@@ -177,7 +188,16 @@ impl bounded::Entry for Entry {
 
 /// A quota's slot within a key: its window and algorithm (as `Quota::slot`).
 fn slot_of(q: &Quota) -> u64 {
-    (q.window_ms() << 3) | q.algorithm().index()
+    let requests = (q.window_ms() << 3) | q.algorithm().index();
+    if q.counts_requests() {
+        return requests;
+    }
+    // Another unit: a hash of the whole identity, in the other half of the
+    // numbers (a window is below 2^35 ms).
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    q.slot().hash(&mut h);
+    h.finish() | 1 << 63
 }
 
 /// Builds a [`MemoryStore`].
@@ -269,7 +289,7 @@ impl MemoryStore {
     /// reads it: a decision built and then returned through each frame
     /// would be copied, field by field, at every step.
     fn charge_into(&self, call: &Charge<'_>, decision: &mut Decision) {
-        let (now, cost, quotas) = (call.now_ms, call.cost, call.policy.quotas());
+        let (now, cost, quotas) = (call.now_ms, (call.cost, call.units), call.policy.quotas());
         let key = (call.namespace.id(), *call.key);
         let ((), made) = self.inner.rates.update(key, now, |entry| match entry {
             Some(e) => {
@@ -290,28 +310,37 @@ impl MemoryStore {
         }
     }
 
-    fn refund_now(&self, call: &Refund<'_>) {
+    fn settle_now(&self, call: &Settle<'_>) {
         let c = &call.charge;
         let key = (c.namespace.id(), *c.key);
-        self.inner.rates.update(key, c.now_ms, |entry| {
-            if let Some(entry) = entry {
-                for (q, status) in c.policy.quotas().iter().zip(call.decision.statuses()) {
-                    let Some(slot) = entry.slots.iter_mut().find(|s| s.id == slot_of(q)) else {
-                        continue;
-                    };
-                    if algorithm::refund(
-                        q,
-                        Some(&mut slot.state),
-                        status.window_id,
-                        c.now_ms,
-                        c.cost,
-                    ) {
-                        // A refund can bring a bucket's "full again" time forward.
-                        slot.expires_at = algorithm::expires_at(q, &slot.state);
+        let now = call.now_ms;
+        self.inner.rates.update(key, now, |entry| {
+            let mut fresh = Entry {
+                slots: SmallVec::new(),
+                used: Share::NONE,
+            };
+            let (made, e) = match entry {
+                Some(e) => (false, e),
+                None => (true, &mut fresh),
+            };
+            for (q, settled) in call.each() {
+                let at = e.slots.iter().position(|s| s.id == slot_of(q));
+                let state = at.map(|i| &mut e.slots[i].state);
+                match (algorithm::settle(q, state, now, settled), at) {
+                    // A refund brings a bucket's "full again" time forward,
+                    // a debit takes it back.
+                    (Outcome::Changed, Some(i)) => {
+                        e.slots[i].expires_at = algorithm::expires_at(q, &e.slots[i].state);
                     }
+                    (Outcome::New(state), _) => e.slots.push(Slot {
+                        id: slot_of(q),
+                        expires_at: algorithm::expires_at(q, &state),
+                        state,
+                    }),
+                    _ => {}
                 }
             }
-            ((), None)
+            ((), (made && !fresh.slots.is_empty()).then_some(fresh))
         });
     }
 
@@ -408,8 +437,8 @@ impl Store for MemoryStore {
         answer
     }
 
-    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
-        self.refund_now(call);
+    fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
+        self.settle_now(call);
         StoreFuture::ready(Ok(()))
     }
 

@@ -3,7 +3,7 @@
 //! Redis Cluster with the `cluster` feature, a Sentinel-managed primary with
 //! `sentinel`), and [`ShardedStore`] (keys spread over several stores, e.g.
 //! Redis primaries). One store serves every limiter: rate limits (charges,
-//! refunds, status reads) and concurrency limits (in-flight slots).
+//! settlements, status reads) and concurrency limits (in-flight slots).
 //!
 //! ```
 //! use tower_ratelimit::store::MemoryStore;
@@ -29,10 +29,11 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use sharded::{ShardedStore, ShardedStoreBuilder};
 pub use slots::{Acquire, Occupancy, Release, SlotId};
 
+use crate::algorithm::{self, Settled};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::quota::{Policy, Quota};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -80,8 +81,13 @@ pub struct Charge<'a> {
     pub key: &'a Key,
     /// The quotas to charge, all or nothing.
     pub policy: &'a Policy,
-    /// Units to charge.
+    /// What the request costs each quota that counts requests.
     pub cost: u64,
+    /// What it reserves in each quota of another unit (see
+    /// [`Quota::counts_requests`]): charged whole, and admitted while that
+    /// quota has anything left (or, when it says so, while the reservation
+    /// fits).
+    pub units: u64,
     /// The application's time, Unix ms.
     pub now_ms: u64,
     /// How long the store may take to answer. Network stores measure it
@@ -91,13 +97,77 @@ pub struct Charge<'a> {
     pub timeout: Duration,
 }
 
-/// One refund: give `cost` back to the state `decision` charged, if it is still current.
+impl Charge<'_> {
+    /// What this charge asks of `quota`: the units that must be left for it
+    /// to be admitted, and the units it is charged when it is.
+    pub fn ask(&self, quota: &Quota) -> (u64, u64) {
+        let a = algorithm::ask(quota, self.cost, self.units);
+        (a.fit, a.charge)
+    }
+}
+
+/// One settlement: what an admitted request really cost, given to the
+/// states its charge went to. Below what was charged the rest comes back;
+/// above it the excess is charged to the same window or bucket (debt). It
+/// never reaches a newer window, nor a state that is gone.
 #[derive(Debug)]
-pub struct Refund<'a> {
-    /// The original charge's fields.
+pub struct Settle<'a> {
+    /// The original charge's fields, as charged.
     pub charge: Charge<'a>,
-    /// The decision the charge returned (it identifies the windows charged).
+    /// The decision the charge returned (it identifies the states charged).
     pub decision: &'a Decision,
+    /// What the request really cost each quota that counts requests: the
+    /// charge's `cost`, or 0 for a free response.
+    pub cost: u64,
+    /// What it really cost each quota of another unit.
+    pub units: u64,
+    /// When it is settled (Unix ms).
+    pub now_ms: u64,
+}
+
+impl<'a> Settle<'a> {
+    /// Everything `charge` took given back (a free response), settled at
+    /// the charge's own time.
+    pub fn free(charge: Charge<'a>, decision: &'a Decision) -> Self {
+        let now_ms = charge.now_ms;
+        Self {
+            charge,
+            decision,
+            cost: 0,
+            units: 0,
+            now_ms,
+        }
+    }
+
+    /// What `quota` was charged, and what it is owed: `(charged, actual)`.
+    pub fn amounts(&self, quota: &Quota) -> (u64, u64) {
+        let actual = if quota.counts_requests() {
+            self.cost
+        } else {
+            self.units
+        };
+        (self.charge.ask(quota).1, actual)
+    }
+
+    /// Each quota with its settlement, in policy order.
+    pub(crate) fn each(&self) -> impl Iterator<Item = (&Quota, Settled)> + '_ {
+        let quotas = self.charge.policy.quotas();
+        quotas.iter().zip(self.decision.statuses()).map(|(q, st)| {
+            let (reserved, actual) = self.amounts(q);
+            let settled = Settled {
+                window_id: st.window_id,
+                charged_at: self.charge.now_ms,
+                reserved,
+                actual,
+            };
+            (q, settled)
+        })
+    }
+
+    /// Whether it changes anything: some quota is owed other than it was charged.
+    pub fn changes_anything(&self) -> bool {
+        self.each().any(|(_, s)| s.reserved != s.actual)
+    }
 }
 
 /// A store's answer: ready at once (the memory store: no allocation) or
@@ -197,12 +267,15 @@ impl<T> fmt::Debug for StoreFuture<T> {
 /// and says so with [`keeps_slots`](Store::keeps_slots); the built-in
 /// stores all do.
 pub trait Store: Send + Sync + 'static {
-    /// Charges `call.cost` against every quota of the policy if all admit it, and
-    /// returns every quota's state from that same atomic step.
+    /// Charges every quota of the policy what the call asks of it
+    /// ([`Charge::ask`]) if all admit it, and returns every quota's state
+    /// from that same atomic step.
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>>;
 
-    /// Gives a charge back to the windows it was charged to (never to newer ones).
-    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>>;
+    /// Settles a charge, in one atomic step: gives back what it charged
+    /// beyond the request's real cost, or charges the excess, to the states
+    /// it was charged to (never to newer ones).
+    fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>>;
 
     /// Reads the state without charging (e.g. for a `GET /rate_limit` endpoint).
     /// The decision is marked allowed; statuses report what is left.
@@ -283,8 +356,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         (**self).charge(call)
     }
-    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
-        (**self).refund(call)
+    fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
+        (**self).settle(call)
     }
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         (**self).status(call)

@@ -51,7 +51,7 @@
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::store::{Acquire, Charge, Namespace, Occupancy, Refund, Release, Store, StoreFuture};
+use crate::store::{Acquire, Charge, Namespace, Occupancy, Release, Settle, Store, StoreFuture};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
@@ -260,12 +260,12 @@ impl Store for ShardedStore {
         self.shard(call.namespace, call.key).charge(call)
     }
 
-    /// Refunds on the shard the key maps to now: after a shard was added the
-    /// key may have moved, and the refund then finds no matching window there
-    /// and changes nothing (a refund never raises a newer window).
-    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
+    /// Settles on the shard the key maps to now: after a shard was added the
+    /// key may have moved, and the settlement then finds no matching window
+    /// there and changes nothing (it never reaches a newer window).
+    fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
         self.shard(call.charge.namespace, call.charge.key)
-            .refund(call)
+            .settle(call)
     }
 
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {

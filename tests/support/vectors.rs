@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 use tower_ratelimit::key::Key;
-use tower_ratelimit::store::{Charge, Namespace, Refund, Store};
+use tower_ratelimit::store::{Charge, Namespace, Settle, Store};
 use tower_ratelimit::{Algorithm, Decision, Policy, Quota};
 
 /// One step: at `t` ms after the start, `key` asks for `cost`; per quota the
@@ -282,6 +282,7 @@ pub async fn run_tables(store: &dyn Store, start_ms: u64) {
                 key: &key,
                 policy: &policy,
                 cost: r.cost,
+                units: r.cost,
                 now_ms: start_ms + r.t,
                 timeout: Duration::from_secs(2),
             };
@@ -293,19 +294,14 @@ pub async fn run_tables(store: &dyn Store, start_ms: u64) {
             assert_eq!(d.is_allowed(), r.allowed, "{at}: {d:?}");
             let mut d = d;
             if r.refund {
-                store
-                    .refund(&Refund {
-                        charge,
-                        decision: &d,
-                    })
-                    .await
-                    .unwrap();
+                store.settle(&Settle::free(charge, &d)).await.unwrap();
                 let after = store
                     .status(&Charge {
                         namespace: &ns,
                         key: &key,
                         policy: &policy,
                         cost: 0,
+                        units: 0,
                         now_ms: start_ms + r.t,
                         timeout: Duration::from_secs(2),
                     })
@@ -351,6 +347,7 @@ pub async fn rejections_change_nothing(store: &dyn Store, start_ms: u64) {
                 key: &key,
                 policy,
                 cost,
+                units: cost,
                 now_ms,
                 timeout: Duration::from_secs(2),
             };
@@ -378,5 +375,119 @@ pub async fn rejections_change_nothing(store: &dyn Store, start_ms: u64) {
                 "{alg:?} policy {j}: not admitted {retry} ms later, when the first rejection said: {later:?}"
             );
         }
+    }
+}
+
+/// Settlement, the same in every store and for every algorithm: a policy of
+/// 10 requests and 1,000 tokens a minute, where each request reserves
+/// tokens at its start and settles what it really used.
+pub async fn settlements_follow_the_rules(store: &dyn Store, start_ms: u64) {
+    const W: u64 = 60_000;
+    let start_ms = (start_ms / W + 1) * W;
+    let algorithms = [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+    for (i, alg) in algorithms.into_iter().enumerate() {
+        let tokens = quota(1_000, W, alg)
+            .named("tokens")
+            .unwrap()
+            .with_unit("tokens")
+            .unwrap();
+        let policy = Policy::new(quota(10, W, Algorithm::FixedWindow))
+            .and(tokens)
+            .unwrap();
+        let ns = Namespace::new(&format!("settle{i}"));
+        static DEBT: std::sync::LazyLock<Key> = std::sync::LazyLock::new(|| Key::new("debt"));
+        let now = start_ms + 100;
+        let call = |key: &'static Key, now_ms, units| Charge {
+            namespace: &ns,
+            key,
+            policy: &policy,
+            cost: 1,
+            units,
+            now_ms,
+            timeout: Duration::from_secs(2),
+        };
+        // Settles a charge of 100 (0 for DEBT) to `units`.
+        let settle = |key: &'static Key, d: &Decision, charged_at, units, now_ms| {
+            let reserved = if std::ptr::eq(key, &*DEBT) { 0 } else { 100 };
+            let charge = call(key, charged_at, reserved);
+            let s = Settle {
+                charge,
+                decision: d,
+                cost: 1,
+                units,
+                now_ms,
+            };
+            let fut = store.settle(&s);
+            async move { fut.await.unwrap() }
+        };
+        let left = |d: Decision| {
+            let s = d.statuses();
+            (s[0].remaining, s[1].remaining)
+        };
+        let status = |key: &'static Key, now_ms| {
+            let fut = store.status(&call(key, now_ms, 0));
+            async move { left(fut.await.unwrap()) }
+        };
+
+        // Reserves 100, settles 10: 90 come back; the request quota keeps its 1.
+        static BELOW: std::sync::LazyLock<Key> = std::sync::LazyLock::new(|| Key::new("below"));
+        let d = store.charge(&call(&BELOW, now, 100)).await.unwrap();
+        assert_eq!(left(d.clone()), (9, 900), "{alg:?}: the reservation");
+        settle(&BELOW, &d, now, 10, now).await;
+        assert_eq!(
+            status(&BELOW, now).await,
+            (9, 990),
+            "{alg:?}: settled to 10"
+        );
+
+        // Reserves 100, settles 300: 200 more are charged to the same window or bucket.
+        static ABOVE: std::sync::LazyLock<Key> = std::sync::LazyLock::new(|| Key::new("above"));
+        let d = store.charge(&call(&ABOVE, now, 100)).await.unwrap();
+        settle(&ABOVE, &d, now, 300, now).await;
+        assert_eq!(
+            status(&ABOVE, now).await,
+            (9, 700),
+            "{alg:?}: settled to 300"
+        );
+
+        // A settlement after its window ended (two windows on: every
+        // algorithm's charge has stopped weighing) touches nothing.
+        static LATE: std::sync::LazyLock<Key> = std::sync::LazyLock::new(|| Key::new("late"));
+        let d = store.charge(&call(&LATE, now, 100)).await.unwrap();
+        let later = now + 2 * W + 1;
+        let before = status(&LATE, later).await;
+        settle(&LATE, &d, now, 300, later).await;
+        settle(&LATE, &d, now, 10, later).await;
+        assert_eq!(
+            status(&LATE, later).await,
+            before,
+            "{alg:?}: a late settlement"
+        );
+
+        // Reserving nothing, admitted while anything is left: three of 300
+        // leave 100, a fourth is still admitted and its 300 go 200 into
+        // debt, so a fifth is refused by the tokens quota alone and charges
+        // nothing anywhere.
+        for n in 0..4 {
+            let d = store.charge(&call(&DEBT, now, 0)).await.unwrap();
+            assert!(d.is_allowed(), "{alg:?}: request {n} with tokens left");
+            settle(&DEBT, &d, now, 300, now).await;
+        }
+        assert_eq!(status(&DEBT, now).await, (6, 0), "{alg:?}: in debt");
+        let refused = store.charge(&call(&DEBT, now, 0)).await.unwrap();
+        assert!(!refused.is_allowed(), "{alg:?}: {refused:?}");
+        assert!(!refused.statuses()[1].allowed && refused.statuses()[0].allowed);
+        assert!(refused.retry_after_ms() > 0, "{alg:?}: {refused:?}");
+        assert_eq!(
+            status(&DEBT, now).await,
+            (6, 0),
+            "{alg:?}: the refusal spent nothing"
+        );
     }
 }

@@ -22,7 +22,10 @@ pub(crate) struct Job {
     pub(crate) policy: Policy,
     /// Unix ms from the application's clock; `None` = Redis `TIME`.
     pub(crate) now: Option<u64>,
+    /// What it costs each request quota.
     pub(crate) cost: u64,
+    /// What it reserves in each quota of another unit.
+    pub(crate) units: u64,
     /// How long the request waits for its answer once its batch is sent.
     pub(crate) timeout: Duration,
 }
@@ -31,7 +34,7 @@ pub(crate) struct Job {
 pub(crate) type JobReply = Result<Decision, StoreError>;
 
 /// A batch's script call, planned: each distinct policy once, then per
-/// request its policy's index, time and cost; keys in request order. A
+/// request its policy's index, time, cost and reservation; keys in request order. A
 /// request for the same key and policy as the one before it (without a
 /// sliding log) continues its run: policy index 0 and no keys, and the
 /// script reads and writes the key once for the run (lua/charge.lua).
@@ -78,10 +81,10 @@ impl<'j> Plan<'j> {
             .iter()
             .flat_map(|p| p.quotas())
             .fold(0, |set, q| set | scripts::bit(q.algorithm()));
-        let quota_args: usize = policies.iter().map(|p| 1 + 5 * p.quotas().len()).sum();
+        let quota_args: usize = policies.iter().map(|p| 1 + 6 * p.quotas().len()).sum();
         Plan {
             // EVALSHA, the hash, the key count, P and J, then the rest.
-            args: 5 + keys + quota_args + 3 * jobs.len(),
+            args: 5 + keys + quota_args + 4 * jobs.len(),
             policies,
             index,
             keys,
@@ -119,7 +122,7 @@ impl<'j> Plan<'j> {
         for (job, i) in jobs.iter().zip(&self.index) {
             out.arg(*i);
             reply::time_arg(out, job.now);
-            out.arg(job.cost);
+            out.arg(job.cost).arg(job.units);
         }
     }
 }
@@ -164,7 +167,12 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
                 let block = nums
                     .get(at + 1..at + 1 + k)
                     .ok_or_else(|| bad("cut short"))?;
-                out.push(reply::decode(&job.policy, Some(job.cost), job.now, block));
+                out.push(reply::decode(
+                    &job.policy,
+                    Some((job.cost, job.units)),
+                    job.now,
+                    block,
+                ));
                 at += 1 + k;
             }
             None => return Err(bad("fewer answers than requests")),
@@ -196,6 +204,7 @@ mod tests {
             policy: policy.clone(),
             now: Some(1_000),
             cost: 1,
+            units: 1,
             timeout: Duration::from_secs(1),
         }
     }
@@ -225,9 +234,9 @@ mod tests {
         let args = args(&cmd);
         // EVALSHA, hash, then the keys of the requests that start a run.
         assert_eq!(args[2..7], ["4", "x", "y", "y", "x"]);
-        // The per-request triples close the command: policy index 0 = "continues".
-        let per_request: Vec<&str> = args[args.len() - 18..]
-            .chunks(3)
+        // The per-request quadruples close the command: policy index 0 = "continues".
+        let per_request: Vec<&str> = args[args.len() - 24..]
+            .chunks(4)
             .map(|r| r[0].as_str())
             .collect();
         assert_eq!(per_request, ["1", "0", "0", "1", "2", "1"]);

@@ -27,7 +27,7 @@
 //! (assembled from one Lua file per algorithm) reads, decides and writes every
 //! quota of its policy atomically and returns the state the decision was made
 //! on; the headers are built from that reply only, by the same math the
-//! memory store runs. A refund is one more script call, run in the background.
+//! memory store runs. A settlement (a refund, or debt) is one more script call, run in the background.
 //! All of a client's state is one hash under one key (plus, for a
 //! sliding-log quota, a sorted set sharing its hash tag), so every call
 //! touches one hash slot.
@@ -123,6 +123,7 @@ pub mod fuzzing {
                 policy: policy.clone(),
                 now: *now,
                 cost: *cost,
+                units: *cost,
                 timeout: Duration::from_secs(1),
             })
             .collect();
@@ -161,9 +162,10 @@ mod url;
 use self::lane::{Call, Lanes};
 use self::node::{Node, Settings, Tls};
 use self::url::Redacted;
+use crate::algorithm;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::store::{Acquire, Charge, Occupancy, Refund, Release, Store, StoreFuture};
+use crate::store::{Acquire, Charge, Occupancy, Release, Settle, Store, StoreFuture};
 use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{self, ConnectionAddr, ConnectionInfo, FromRedisValue};
 use std::fmt;
@@ -1057,21 +1059,21 @@ impl RedisStore {
         }
     }
 
-    /// A one-request `EVALSHA` of `script` (refund, status) on `call`'s
-    /// key: its keys, time, cost and the number of quotas.
+    /// A one-request `EVALSHA` of `script` (settle, status) on `call`'s
+    /// key at `now_ms`: its keys, time and the number of quotas.
     fn script_cmd(
         &self,
         script: &'static redis::Script,
         call: &Charge<'_>,
-        cost: u64,
+        now_ms: u64,
     ) -> (redis::Cmd, Option<u64>) {
-        let sent_now = self.sent_now(call.now_ms);
+        let sent_now = self.sent_now(now_ms);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(reply::key_count(call.policy));
         reply::keys(&mut cmd, &self.hash_key(call), call.policy);
         reply::time_arg(&mut cmd, sent_now);
-        cmd.arg(cost).arg(call.policy.quotas().len());
+        cmd.arg(call.policy.quotas().len());
         (cmd, sent_now)
     }
 
@@ -1097,6 +1099,7 @@ impl Store for RedisStore {
             policy: call.policy.clone(),
             now: self.sent_now(call.now_ms),
             cost: call.cost,
+            units: call.units,
             timeout: call.timeout,
         };
         let inner = self.inner.clone();
@@ -1110,17 +1113,27 @@ impl Store for RedisStore {
         }
     }
 
-    fn refund(&self, call: &Refund<'_>) -> StoreFuture<Result<(), StoreError>> {
+    fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
         let c = &call.charge;
-        let (mut cmd, _) = self.script_cmd(&scripts::REFUND, c, c.cost);
-        for (q, s) in c.policy.quotas().iter().zip(call.decision.statuses()) {
+        let (mut cmd, _) = self.script_cmd(&scripts::SETTLE, c, call.now_ms);
+        for (q, s) in call.each() {
             reply::quota_args(&mut cmd, q);
-            cmd.arg(s.window_id);
+            // A bucket past the charge's window takes no debt (the script
+            // does not know the window): sent as settled already.
+            let actual = if algorithm::takes_debt(q, &s, call.now_ms) {
+                s.actual
+            } else {
+                s.actual.min(s.reserved)
+            };
+            cmd.arg(s.window_id)
+                .arg(s.charged_at)
+                .arg(s.reserved)
+                .arg(actual);
         }
         let inner = self.inner.clone();
         let budget = c.timeout;
         io::store_future(async move {
-            let _written: i64 = invoke(&inner.primary, &scripts::REFUND, &cmd, budget).await?;
+            let _written: i64 = invoke(&inner.primary, &scripts::SETTLE, &cmd, budget).await?;
             Ok(())
         })
     }
@@ -1128,7 +1141,7 @@ impl Store for RedisStore {
     fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         // Read-only: a replica may answer. Time is the application's, as for
         // a charge (or Redis TIME); a window past its reset is discarded.
-        let (mut cmd, sent_now) = self.script_cmd(&scripts::STATUS, call, 0);
+        let (mut cmd, sent_now) = self.script_cmd(&scripts::STATUS, call, call.now_ms);
         for q in call.policy.quotas() {
             reply::quota_args(&mut cmd, q);
         }

@@ -3,7 +3,7 @@
 //! pure math the memory store runs, so both stores report identical statuses.
 
 use crate::algorithm::{
-    self, fixed_window, gcra, sliding_log, sliding_window, token_bucket, State,
+    self, fixed_window, gcra, sliding_log, sliding_window, token_bucket, Ask, State,
 };
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
@@ -11,7 +11,7 @@ use crate::quota::{Algorithm, Policy, Quota};
 use deadpool_redis::redis::Cmd;
 use smallvec::SmallVec;
 
-/// Adds a quota's arguments (code, field prefix, a, b, c) to a script call.
+/// Adds a quota's arguments (code, field prefix, a, b, c, mode) to a script call.
 pub(super) fn quota_args(cmd: &mut Cmd, q: &Quota) {
     let (a, b, c) = match q.algorithm() {
         Algorithm::TokenBucket | Algorithm::Gcra => {
@@ -20,11 +20,19 @@ pub(super) fn quota_args(cmd: &mut Cmd, q: &Quota) {
         }
         _ => (q.limit(), q.window_ms(), 0),
     };
+    // How the quota is asked (twin of `algorithm::ask`): 0 counts requests,
+    // 1 admits while anything is left, 2 only while the reservation fits.
+    let mode = match (q.counts_requests(), q.reservation_must_fit()) {
+        (true, _) => 0,
+        (false, false) => 1,
+        (false, true) => 2,
+    };
     cmd.arg(q.algorithm().code())
         .arg(q.slot())
         .arg(a)
         .arg(b)
-        .arg(c);
+        .arg(c)
+        .arg(mode);
 }
 
 /// How many keys a call for `policy` touches: the hash, then one log per sliding-log quota.
@@ -69,8 +77,8 @@ enum Read {
 }
 
 /// Parses one quota's reply block; returns the state and the block's length.
-fn read_block(q: &Quota, r: &[u64]) -> Option<(Read, usize)> {
-    let at = |i: usize| r.get(i).copied();
+fn read_block(q: &Quota, r: &[i64]) -> Option<(Read, usize)> {
+    let at = |i: usize| r.get(i).and_then(|v| u64::try_from(*v).ok());
     Some(match q.algorithm() {
         Algorithm::FixedWindow => (
             Read::State(State::FixedWindow(fixed_window::State {
@@ -81,7 +89,8 @@ fn read_block(q: &Quota, r: &[u64]) -> Option<(Read, usize)> {
         ),
         Algorithm::TokenBucket => (
             Read::State(State::TokenBucket(token_bucket::State {
-                level: at(0)?,
+                // Below zero while the bucket is in debt.
+                level: *r.first()?,
                 at_ms: at(1)?,
             })),
             2,
@@ -104,6 +113,10 @@ fn read_block(q: &Quota, r: &[u64]) -> Option<(Read, usize)> {
         Algorithm::SlidingLog => {
             let k = usize::try_from(at(2)?).ok()?;
             let pairs = r.get(3..3 + 2 * k)?;
+            let pairs: SmallVec<[u64; 16]> = pairs
+                .iter()
+                .map(|v| u64::try_from(*v).ok())
+                .collect::<Option<_>>()?;
             (
                 Read::Log {
                     total: at(0)?,
@@ -116,11 +129,11 @@ fn read_block(q: &Quota, r: &[u64]) -> Option<(Read, usize)> {
     })
 }
 
-/// Replays `cost` (or a read without charging, `None`) on a reply's state.
-fn replay(q: &Quota, read: Read, now: u64, cost: Option<u64>) -> QuotaStatus {
+/// Replays `ask` (or a read without charging, `None`) on a reply's state.
+fn replay(q: &Quota, read: Read, now: u64, ask: Option<Ask>) -> QuotaStatus {
     match read {
-        Read::State(mut s) => match cost {
-            Some(cost) => algorithm::charge(q, Some(&mut s), now, cost).0,
+        Read::State(mut s) => match ask {
+            Some(ask) => algorithm::charge(q, Some(&mut s), now, ask).0,
             None => algorithm::peek(q, Some(&s), now),
         },
         Read::Log {
@@ -135,9 +148,9 @@ fn replay(q: &Quota, read: Read, now: u64, cost: Option<u64>) -> QuotaStatus {
                 q.limit(),
                 q.window_ms(),
                 now,
-                cost.unwrap_or(0),
+                ask.unwrap_or(Ask::of(0)),
             );
-            if cost.is_some() {
+            if ask.is_some() {
                 st
             } else {
                 algorithm::as_peek(st)
@@ -146,23 +159,22 @@ fn replay(q: &Quota, read: Read, now: u64, cost: Option<u64>) -> QuotaStatus {
     }
 }
 
-/// Builds the decision from a charge or status script's reply
-/// `{allowed, now, block_1, .., block_n}`.
+/// Builds the decision from a charge script's reply `{allowed, now,
+/// block_1, .., block_n}` for a request of `(cost, units)`, or a status
+/// script's (`None`).
 pub(super) fn decode(
     policy: &Policy,
-    cost: Option<u64>,
+    asked: Option<(u64, u64)>,
     sent_now: Option<u64>,
-    reply: &[i64],
+    r: &[i64],
 ) -> Result<Decision, StoreError> {
+    let reply = r;
     let bad = || StoreError::Protocol(format!("rate-limit script returned {reply:?}"));
-    let mut r = SmallVec::<[u64; 16]>::new();
-    for v in reply {
-        r.push(u64::try_from(*v).map_err(|_| bad())?);
-    }
     if r.len() < 2 {
         return Err(bad());
     }
-    let now = r[1];
+    let now = u64::try_from(r[1]).map_err(|_| bad())?;
+    let ask = |q: &Quota| asked.map(|(cost, units)| algorithm::ask(q, cost, units));
     if sent_now.is_some_and(|t| t != now) {
         // Every reply echoes the time it was sent with: a reply to another call
         // (a desynchronised connection) is caught, never used.
@@ -170,18 +182,19 @@ pub(super) fn decode(
             "reply for time {now} does not belong to a call sent at {sent_now:?}"
         )));
     }
-    let mut statuses = SmallVec::<[_; 2]>::new();
+    let mut decision = Decision::empty();
     let mut i = 2;
     for q in policy.quotas() {
         let (read, len) = read_block(q, &r[i..]).ok_or_else(bad)?;
-        statuses.push(replay(q, read, now, cost));
+        decision.push(replay(q, read, now, ask(q)));
         i += len;
     }
     if i != r.len() {
         return Err(bad());
     }
-    let decision = Decision::of(statuses, cost.unwrap_or(0));
-    if cost.is_some() && decision.is_allowed() != (r[0] == 1) {
+    let quotas = policy.quotas();
+    decision.decide_each(|i| ask(&quotas[i]).map_or((0, 0), |a| (a.fit, a.charge)));
+    if asked.is_some() && decision.is_allowed() != (r[0] == 1) {
         return Err(StoreError::Protocol(format!(
             "charge script decided {} but the state it returned says otherwise: {reply:?}",
             r[0]

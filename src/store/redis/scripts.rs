@@ -88,9 +88,9 @@ macro_rules! script {
     };
 }
 
-/// Refunds a charge to the state it was charged to (`lua/refund.lua`).
-pub(crate) static REFUND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(script!("../../../lua/refund.lua")));
+/// Settles a charge against the states it was charged to (`lua/settle.lua`).
+pub(crate) static SETTLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(script!("../../../lua/settle.lua")));
 
 /// Reads every quota's state without writing (`lua/status.lua`); replicas can run it.
 pub(crate) static STATUS: LazyLock<Script> =

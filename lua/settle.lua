@@ -1,0 +1,41 @@
+-- Settle: what a request really cost, given to the states its charge went
+-- to, quota by quota. Assembled like lua/charge.lua; one request per call
+-- (settlements run off the request path).
+--
+-- KEYS     the client's hash, then its sliding-log sets (as in lua/charge.lua)
+-- ARGV[1]  now, Unix ms ("" = Redis TIME)
+-- ARGV[2]  n, the number of quotas; then 10 arguments per quota: the 6 of
+--          lua/charge.lua, then the window id the charge reported, when it
+--          was charged, what it charged and what the request cost
+--
+-- Below what was charged, each algorithm's refund gives the rest back;
+-- above it, its debit charges the excess to the same window or bucket
+-- (see src/algorithm/mod.rs). Nothing ever reaches a newer window. A refund
+-- only ever brings expiry earlier, so the TTL stays; a debit that moves a
+-- state's expiry later extends the key's.
+--
+-- Returns the number of hash fields written.
+local now = read_now(ARGV[1])
+local quotas = parse_quotas(2, 10)
+bind_logs(quotas, 2)
+local vals = redis.call('HMGET', KEYS[1], unpack(quota_fields(quotas)))
+local set = {}
+local latest = nil
+for _, q in ipairs(quotas) do
+  if q.actual < q.reserved then
+    q.alg.refund(q, vals, q.id, now, q.reserved - q.actual, set)
+  elseif q.actual > q.reserved then
+    local e = q.alg.debit(q, vals, now, q.actual - q.reserved, set)
+    if e ~= nil and (latest == nil or e > latest) then latest = e end
+  end
+end
+if #set > 0 then
+  redis.call('HSET', KEYS[1], unpack(set))
+  if latest ~= nil then
+    local ttl = redis.call('PTTL', KEYS[1])
+    if ttl < 0 or redis_now() + ttl < latest + 1000 then
+      redis.call('PEXPIREAT', KEYS[1], latest + 1000)
+    end
+  end
+end
+return #set / 2
