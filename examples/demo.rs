@@ -21,7 +21,8 @@
 //!
 //! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
 //! `GET /status/{code}` → that status; `GET /slow/{ms}` → 200 after holding the
-//! request that long; `GET /rate_limit` → the caller's state
+//! request that long; `GET /tokens/{n}` → 200 with `x-tokens-used: n` (what
+//! `--token-quota` settles); `GET /rate_limit` → the caller's state
 //! as JSON (`limit`, `remaining`, `reset`, `used`), not counted. Prints one line `listening on ADDR` once
 //! it accepts connections, and exits cleanly on SIGTERM or Ctrl-C.
 //!
@@ -47,7 +48,9 @@ use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::shed::{LoadShedLayer, Priority};
 use tower_ratelimit::store::{RedisStore, RedisStoreBuilder, ShardedStore, Store};
-use tower_ratelimit::{Coordinated, DenyCache, HeaderStyle, OnStoreError, RateLimitLayer};
+use tower_ratelimit::{
+    Algorithm, Coordinated, DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "tower-ratelimit demo server")]
@@ -98,6 +101,12 @@ struct Args {
     /// or nothing). When given, replaces `--limit` and `--window`.
     #[arg(long = "quota", value_parser = common::parse_quota)]
     quotas: Vec<(u64, Duration)>,
+    /// A quota `LIMIT/WINDOW` named `tokens`, counted in tokens: each request
+    /// reserves none at its start and is settled to the `x-tokens-used`
+    /// response header (see `GET /tokens/{n}`). It admits while any token
+    /// is left; a request that uses more goes into debt.
+    #[arg(long, value_parser = common::parse_quota)]
+    token_quota: Option<(u64, Duration)>,
     /// The algorithm of every quota.
     #[arg(long, value_enum, default_value_t = common::AlgorithmArg::FixedWindow)]
     algorithm: common::AlgorithmArg,
@@ -181,6 +190,16 @@ enum Headers {
 }
 
 /// Holds the request for `ms` milliseconds (at most ten minutes): a slow endpoint.
+/// A response that says it used `n` tokens.
+async fn tokens(Path(n): Path<u64>) -> impl IntoResponse {
+    ([("x-tokens-used", n.to_string())], "done")
+}
+
+/// The tokens a response says it used.
+fn tokens_used(_: StatusCode, headers: &http::HeaderMap) -> Option<u64> {
+    headers.get("x-tokens-used")?.to_str().ok()?.parse().ok()
+}
+
 async fn slow(Path(ms): Path<u64>) -> &'static str {
     tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
     "done"
@@ -370,7 +389,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/", get(|| async { "ok" }))
         .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
         .route("/status/{code}", get(status))
-        .route("/slow/{ms}", get(slow));
+        .route("/slow/{ms}", get(slow))
+        .route("/tokens/{n}", get(tokens));
 
     let header_style = match args.headers {
         Headers::Github => HeaderStyle::GitHub,
@@ -404,13 +424,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     if !matches!(args.store, StoreKind::None) {
+        let mut policy = common::policy(
+            &args.quotas,
+            (args.limit, args.window),
+            args.algorithm,
+            args.burst,
+        )?;
+        if let Some((limit, window)) = args.token_quota {
+            policy = policy.and(
+                Quota::new(limit, window)?
+                    .with_algorithm(Algorithm::from(args.algorithm))?
+                    .named("tokens")?
+                    .with_unit("tokens")?,
+            )?;
+        }
         let mut builder = RateLimitLayer::builder()
-            .policy(common::policy(
-                &args.quotas,
-                (args.limit, args.window),
-                args.algorithm,
-                args.burst,
-            )?)
+            .policy(policy)
+            .reserve(|_| 0)
+            .settle(tokens_used)
             .key(common::key_extractor(&args.key)?)
             .headers(header_style)
             .on_store_error(on_store_error)

@@ -110,6 +110,49 @@ async fn demo_keys_by_ip_and_global() {
 }
 
 #[tokio::test]
+async fn demo_settles_a_token_quota_from_the_responses_header_into_debt_and_then_refuses() {
+    let demo = Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--token-quota",
+            "1000/60s",
+            "--headers",
+            "ietf",
+        ],
+    );
+    let c = HttpClient::new();
+    for n in 0..3 {
+        let r = c.get(&demo.url("/tokens/300")).await;
+        assert_eq!(r.status, StatusCode::OK, "request {n}");
+    }
+    // Nothing reserved and nothing said: the state the three settlements left.
+    let r = c.get(&demo.url("/")).await;
+    let fields = r.header("ratelimit").unwrap_or_default().to_owned();
+    assert!(fields.contains(r#""tokens";r=100;"#), "{fields}");
+    assert!(
+        r.header("ratelimit-policy")
+            .is_some_and(|p| p.contains(r#""tokens";q=1000;w=60;qu="tokens""#)),
+        "{:?}",
+        r.header("ratelimit-policy")
+    );
+    // 100 left: admitted, and its 300 go 200 into debt.
+    let r = c.get(&demo.url("/tokens/300")).await;
+    assert_eq!(r.status, StatusCode::OK, "a fourth while tokens are left");
+    let fields = r.header("ratelimit").unwrap_or_default().to_owned();
+    assert!(fields.contains(r#""tokens";r=0;"#), "{fields}");
+    let r = c.get(&demo.url("/tokens/300")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        r.body.contains(r#""violated-policies":["tokens"]"#),
+        "{}",
+        r.body
+    );
+    assert!(demo.terminate().success());
+}
+
+#[tokio::test]
 async fn demo_accepts_sub_second_windows() {
     let demo = Running::start(
         "demo",
