@@ -258,15 +258,16 @@ fn main() {
     let limit = LIMIT.to_string();
     let window = WINDOW_MS.to_string();
     // lua/charge.lua takes a batch: one policy (one fixed-window quota), then
-    // per request its policy index, time and cost; one key per request.
+    // per request its policy index, time, cost and reservation; one key per
+    // request. The quota counts requests (mode 0).
     let batch = |requests: usize| -> (Vec<String>, Vec<String>) {
         let keys = vec!["rb:{__rand_int__}".to_owned(); requests];
-        let mut argv: Vec<String> = ["1", "1", "fw", "fw3600000", &limit, &window, "0"]
+        let mut argv: Vec<String> = ["1", "1", "fw", "fw3600000", &limit, &window, "0", "0"]
             .map(str::to_owned)
             .to_vec();
         argv.push(requests.to_string());
         for _ in 0..requests {
-            argv.extend(["1".to_owned(), now.clone(), "1".to_owned()]);
+            argv.extend(["1".to_owned(), now.clone(), "1".to_owned(), "1".to_owned()]);
         }
         (keys, argv)
     };

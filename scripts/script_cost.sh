@@ -97,8 +97,9 @@ count() {
   sha=$(assemble "$tree" "$alg" | redis-cli -p "$port" -x SCRIPT LOAD)
   [[ $sha =~ ^[0-9a-f]{40}$ ]] || { echo "script_cost.sh: SCRIPT LOAD: $sha" >&2; exit 1; }
   # lua/charge.lua: keys, then P = 1, the policy, J, then per request:
-  # policy index, time, cost.
-  local args=() keys=()
+  # policy index, time, cost (and, in trees whose quotas carry a mode, the
+  # reservation: the quota counts requests, mode 0).
+  local args=() keys=() more=()
   local policy next=1
   if [ -n "$hot" ]; then
     key="rb:{hot}"
@@ -109,12 +110,16 @@ count() {
   else
     policy=$(policy_args "$alg")
   fi
+  if lua "$tree" policy | grep -q "m = tonumber"; then
+    policy="$policy 0"
+    more=(1)
+  fi
   for i in $(seq "$per"); do
     if [ "$i" = 1 ] || [ "$next" = 1 ]; then
       keys+=("$key")
-      args+=(1 "$NOW" 1)
+      args+=(1 "$NOW" 1 "${more[@]}")
     else
-      args+=(0 "$NOW" 1)
+      args+=(0 "$NOW" 1 "${more[@]}")
     fi
   done
   # shellcheck disable=SC2086

@@ -111,7 +111,7 @@ fn requests_in(e: &MonitorEntry) -> usize {
     let mut at = 1;
     for _ in 0..argv[0].parse::<usize>().unwrap() {
         let n: usize = argv[at].parse().unwrap();
-        at += 1 + 5 * n;
+        at += 1 + 6 * n;
     }
     argv[at].parse().unwrap()
 }
