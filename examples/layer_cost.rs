@@ -22,6 +22,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tower::{Layer, Service};
 use tower_ratelimit::key::Global;
+use bytes::Bytes;
+use http_body_util::Full;
 use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
 
 /// Answers at once with one header, as axum does for a `&'static str`.
@@ -29,7 +31,7 @@ use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
 struct HelloWorld;
 
 impl<B> Service<Request<B>> for HelloWorld {
-    type Response = Response<&'static str>;
+    type Response = Response<Full<Bytes>>;
     type Error = Infallible;
     type Future = std::future::Ready<Result<Self::Response, Infallible>>;
 
@@ -38,7 +40,7 @@ impl<B> Service<Request<B>> for HelloWorld {
     }
 
     fn call(&mut self, _: Request<B>) -> Self::Future {
-        let mut res = Response::new("Hello, World!");
+        let mut res = Response::new(Full::new(Bytes::from_static(b"Hello, World!")));
         res.headers_mut().insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),

@@ -3,6 +3,7 @@
 //! holding a guard until the response is done (a concurrency slot, a load
 //! shedder's admission).
 
+use crate::rate::Settling;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -22,7 +23,8 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
-        Inner { #[pin] body: B },
+        // With the request's settlement, when it is made at the body's end.
+        Inner { #[pin] body: B, settling: Option<Settling> },
         Limiter { data: Option<Bytes> },
     }
 }
@@ -30,7 +32,28 @@ pin_project! {
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
-            kind: Kind::Inner { body },
+            kind: Kind::Inner {
+                body,
+                settling: None,
+            },
+        }
+    }
+
+    /// The inner service's body, settling its request when it ends.
+    pub(crate) fn settling(body: B, settling: Option<Settling>) -> Self
+    where
+        B: Body,
+    {
+        // Nothing more will be sent (a server may never poll it): settled now.
+        let settling = match settling {
+            Some(s) if body.is_end_stream() => {
+                s.complete(true);
+                None
+            }
+            other => other,
+        };
+        Self {
+            kind: Kind::Inner { body, settling },
         }
     }
 
@@ -55,21 +78,41 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { mut body, settling } => {
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                if let Some(s) = settling.as_mut() {
+                    let ended = match &frame {
+                        Some(Ok(f)) => {
+                            s.frame(f);
+                            body.is_end_stream()
+                        }
+                        // Failed before its end: settled as dropped.
+                        Some(Err(_)) => {
+                            settling.take();
+                            false
+                        }
+                        None => true,
+                    };
+                    if let Some(s) = settling.take_if(|_| ended) {
+                        s.complete(true);
+                    }
+                }
+                Poll::Ready(frame)
+            }
             KindProj::Limiter { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
             Kind::Limiter { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
             Kind::Limiter { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -67,8 +67,8 @@ pub use quota::{Algorithm, Policy, Quota};
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use rate::Coordinated;
 pub use rate::{
-    default_rejection, BodyMode, DenyCache, InnerBody, RateLimit, RateLimitLayer,
-    RateLimitLayerBuilder, Rejection, ResponseFuture, Status, StatusError, WrapBody,
+    default_rejection, BodyMode, DenyCache, Dropped, InnerBody, RateLimit, RateLimitLayer,
+    RateLimitLayerBuilder, Rejection, ResponseFuture, Status, StatusError, Usage, WrapBody,
 };
 pub use shed::LoadShedLayer;
 

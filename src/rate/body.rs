@@ -1,5 +1,6 @@
 //! Which body type the rate limiter's responses carry: [`BodyMode`].
 
+use super::settle::Settling;
 use crate::body::ResponseBody;
 use bytes::Bytes;
 
@@ -19,6 +20,12 @@ pub trait BodyMode<B>: sealed::Sealed {
 
     /// A body the limiter wrote: a rejection or a store-failure answer.
     fn limiter(data: Bytes) -> Self::Body;
+
+    /// The inner service's body, carrying the request's settlement to its
+    /// end when one is still to be made.
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn settling(body: B, settling: Option<Settling>) -> Self::Body;
 }
 
 /// The default [`BodyMode`]: responses carry a [`ResponseBody`], either the
@@ -37,13 +44,18 @@ pub struct WrapBody;
 /// without boxing it again, which [`WrapBody`]'s `ResponseBody<Body>` costs
 /// on every response.
 ///
+/// The body passes through unwatched, so a request is settled when its
+/// response head is ready, to what is known then: the trailers and the
+/// body's bytes are not seen, and a [`Usage`](crate::Usage) counts what the
+/// handler said before it answered.
+///
 /// Some answers have no body (a gRPC answer is headers only): they are made
 /// with `B::from(Bytes::new())`, which must be an empty body that has ended
 /// (`is_end_stream`), as it is for axum's `Body` and for `Full`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InnerBody;
 
-impl<B> BodyMode<B> for WrapBody {
+impl<B: http_body::Body> BodyMode<B> for WrapBody {
     type Body = ResponseBody<B>;
 
     fn inner(body: B) -> Self::Body {
@@ -52,6 +64,11 @@ impl<B> BodyMode<B> for WrapBody {
 
     fn limiter(data: Bytes) -> Self::Body {
         ResponseBody::limiter(data)
+    }
+
+    #[allow(private_interfaces)]
+    fn settling(body: B, settling: Option<Settling>) -> Self::Body {
+        ResponseBody::settling(body, settling)
     }
 }
 
@@ -64,6 +81,14 @@ impl<B: From<Bytes>> BodyMode<B> for InnerBody {
 
     fn limiter(data: Bytes) -> B {
         B::from(data)
+    }
+
+    #[allow(private_interfaces)]
+    fn settling(body: B, settling: Option<Settling>) -> B {
+        if let Some(s) = settling {
+            s.complete(false);
+        }
+        body
     }
 }
 

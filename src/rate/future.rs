@@ -62,10 +62,9 @@ where
             cx,
             |res, charged| {
                 let (mut head, body) = res.into_parts();
-                if let Some(mut charged) = charged {
-                    limiter.finish(&mut charged, head.status, &mut head.headers);
-                }
-                Response::from_parts(head, M::inner(body))
+                let settling =
+                    charged.and_then(|c| limiter.finish(c, head.status, &mut head.headers));
+                Response::from_parts(head, M::settling(body, settling))
             },
             |res| res.map(M::limiter),
         )

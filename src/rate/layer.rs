@@ -2,6 +2,7 @@
 
 use super::body::{InnerBody, WrapBody};
 use super::deny_cache::{Denials, DenyCache};
+use super::settle::Dropped;
 use super::limiter::{KeySource, Limiter, PolicySource, RejectionFn, Status, StatusError};
 use super::response::{default_rejection, Rejection};
 use super::service::RateLimit;
@@ -66,6 +67,10 @@ pub struct Settings {
     cost: Option<Arc<super::limiter::CostFn>>,
     reserve: Option<Arc<super::limiter::CostFn>>,
     settle: Option<Arc<super::limiter::SettleFn>>,
+    settle_trailers: Option<Arc<super::limiter::TrailersFn>>,
+    body_bytes: bool,
+    usage_extension: bool,
+    dropped: Dropped,
     refund: Arc<super::limiter::RefundFn>,
     status_extension: bool,
     on_rejection: Arc<RejectionFn>,
@@ -94,6 +99,10 @@ impl RateLimitLayer {
                 cost: None,
                 reserve: None,
                 settle: None,
+                settle_trailers: None,
+                body_bytes: false,
+                usage_extension: false,
+                dropped: Dropped::Reservation,
                 refund: Arc::new(|status, _| status == StatusCode::NOT_MODIFIED),
                 status_extension: false,
                 on_rejection: Arc::new(default_rejection),
@@ -433,6 +442,116 @@ impl Builder<Settings> {
         self
     }
 
+    /// What a request really cost each quota of another unit than requests,
+    /// read from the response's trailers (gRPC, HTTP/2), or `None` to keep
+    /// what is known otherwise: e.g. a usage trailer after a streamed
+    /// completion. The request is then settled when its body ends, not at
+    /// its head, and a trailer's word comes before the head's
+    /// ([`settle`](Self::settle)). Needs the default body mode
+    /// ([`WrapBody`](crate::WrapBody)): with
+    /// [`inner_body`](crate::RateLimitLayer::inner_body) the body is not
+    /// watched.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let tokens = Quota::new(100_000, Duration::from_secs(60))?.named("tokens")?.with_unit("tokens")?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(tokens)
+    ///     .reserve(|_| 500)
+    ///     .settle_trailers(|trailers| trailers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn settle_trailers<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&HeaderMap) -> Option<u64> + Send + Sync + 'static,
+    {
+        self.kind.settle_trailers = Some(Arc::new(f));
+        self
+    }
+
+    /// Settles each quota in `content-bytes` to the data bytes the response
+    /// body really sent, when the body ends: a download or an export
+    /// reserves an estimate and pays what it sent. Needs the default body
+    /// mode, as [`settle_trailers`](Self::settle_trailers) does.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let egress = Quota::new(100_000_000, Duration::from_secs(3600))?.with_unit("content-bytes")?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(egress)
+    ///     .reserve(|_| 1_000_000)
+    ///     .settle_body_bytes()
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn settle_body_bytes(mut self) -> Self {
+        self.kind.body_bytes = true;
+        self
+    }
+
+    /// Gives each charged request a [`Usage`](crate::Usage) in its
+    /// extensions (with axum, an extractor) on which the handler reports
+    /// what the request really cost, as it goes: `.settle(n)`, `.add(n)`,
+    /// or per unit. The request is settled when its response body ends.
+    ///
+    /// For each quota of another unit than requests, the first that is
+    /// known of these is what the request cost:
+    /// 1. the handler's word for the quota's own unit
+    ///    ([`Usage::settle_unit`](crate::Usage::settle_unit));
+    /// 2. the body's bytes, for `content-bytes` quotas
+    ///    ([`settle_body_bytes`](Self::settle_body_bytes));
+    /// 3. the trailers ([`settle_trailers`](Self::settle_trailers));
+    /// 4. the head ([`settle`](Self::settle));
+    /// 5. the handler's word for every unit ([`Usage::settle`](crate::Usage::settle)).
+    ///
+    /// Else the reservation stands. A request is settled exactly once,
+    /// whichever sources speak.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let tokens = Quota::new(100_000, Duration::from_secs(60))?.with_unit("tokens")?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(tokens)
+    ///     .reserve(|_| 500)
+    ///     .usage_extension()
+    ///     .build()?;
+    /// // In an axum handler: `async fn complete(usage: tower_ratelimit::Usage)`,
+    /// // then `usage.add(n)` for each chunk of n tokens streamed.
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn usage_extension(mut self) -> Self {
+        self.kind.usage_extension = true;
+        self
+    }
+
+    /// What a request whose response never finished is settled to (the
+    /// client went away, the body failed or was dropped): by default its
+    /// reservation stands. Applies to requests settled at their body's end
+    /// ([`settle_trailers`](Self::settle_trailers),
+    /// [`settle_body_bytes`](Self::settle_body_bytes),
+    /// [`usage_extension`](Self::usage_extension)).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::{Dropped, Quota, RateLimitLayer};
+    /// let egress = Quota::new(100_000_000, Duration::from_secs(3600))?.with_unit("content-bytes")?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(egress)
+    ///     .settle_body_bytes()
+    ///     // A download cut short pays for the bytes it got.
+    ///     .settle_dropped(Dropped::SoFar)
+    ///     .build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
+    /// ```
+    pub fn settle_dropped(mut self, dropped: Dropped) -> Self {
+        self.kind.dropped = dropped;
+        self
+    }
+
     /// Which responses are free: everything they were charged is given back
     /// (default: `304 Not Modified`).
     ///
@@ -583,6 +702,10 @@ impl Builder<Settings> {
                 cost: kind.cost,
                 reserve: kind.reserve,
                 settle: kind.settle,
+                settle_trailers: kind.settle_trailers,
+                body_bytes: kind.body_bytes,
+                usage_extension: kind.usage_extension,
+                dropped: kind.dropped,
                 headers: common.headers,
                 status_extension: kind.status_extension,
                 refund: kind.refund,

@@ -7,6 +7,7 @@
 
 use super::deny_cache::Denials;
 use super::response::Rejection;
+use super::settle::{Dropped, Known, Settling, Usage};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -33,6 +34,7 @@ pub(crate) type AsyncPolicyFn =
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 pub(crate) type SettleFn = dyn Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync;
+pub(crate) type TrailersFn = dyn Fn(&HeaderMap) -> Option<u64> + Send + Sync;
 pub(crate) type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type KeyErrorFn = crate::builder::KeyErrorFn;
 
@@ -58,6 +60,14 @@ pub(crate) struct Limiter {
     pub(crate) reserve: Option<Arc<CostFn>>,
     /// What a request really cost those quotas, from the response head.
     pub(crate) settle: Option<Arc<SettleFn>>,
+    /// What it really cost them, from the response trailers.
+    pub(crate) settle_trailers: Option<Arc<TrailersFn>>,
+    /// Whether quotas in `content-bytes` settle to the response body's bytes.
+    pub(crate) body_bytes: bool,
+    /// Whether a charged request carries a [`Usage`] to the inner service.
+    pub(crate) usage_extension: bool,
+    /// What a response that never finished is settled to.
+    pub(crate) dropped: Dropped,
     pub(crate) headers: HeaderStyle,
     /// Whether a charged request carries its [`Status`] to the inner service.
     pub(crate) status_extension: bool,
@@ -103,6 +113,10 @@ pub(crate) struct Charged {
     decision: Decision,
     /// Where the charge went, so a refund goes to the same place.
     to: ChargedTo,
+    /// Whether the inner service sees the charge's [`Status`].
+    expose_status: bool,
+    /// The handler's report of what the request cost, when it gets one.
+    usage: Option<Usage>,
 }
 
 impl Charged {
@@ -110,11 +124,16 @@ impl Charged {
     /// inner service gets (a request that was not charged gets none).
     pub(crate) fn expose<B>(charged: &Option<Charged>, req: &mut http::Request<B>) {
         if let Some(c) = charged {
-            req.extensions_mut().insert(Status {
-                policy: c.policy.clone(),
-                decision: c.decision.clone(),
-                now_ms: c.now_ms,
-            });
+            if c.expose_status {
+                req.extensions_mut().insert(Status {
+                    policy: c.policy.clone(),
+                    decision: c.decision.clone(),
+                    now_ms: c.now_ms,
+                });
+            }
+            if let Some(u) = &c.usage {
+                req.extensions_mut().insert(u.clone());
+            }
         }
     }
 }
@@ -362,6 +381,8 @@ impl Limiter {
             now_ms: asked.now_ms,
             decision,
             to,
+            expose_status: self.status_extension,
+            usage: self.usage_extension.then(Usage::default),
         }
     }
 
@@ -460,25 +481,36 @@ impl Limiter {
             .key_error(err, grpc, &*self.on_key_error, self.metrics())
     }
 
-    /// After the inner service answered: settle the charge (everything
-    /// back for a free response; quotas of other units to what the response
-    /// says it cost), then write the headers, showing the settled state.
+    /// After the inner service answered: settle the charge now (everything
+    /// back for a free response; quotas of other units to what the head
+    /// says they cost), or hand back the settlement for the body to carry
+    /// to its end when a later source may still say more (the trailers, the
+    /// body's bytes, the handler's [`Usage`]). Then writes the headers,
+    /// showing the state settled so far.
     pub(crate) fn finish(
         self: &Arc<Self>,
-        charged: &mut Charged,
+        mut charged: Charged,
         status: StatusCode,
         headers: &mut HeaderMap,
-    ) {
-        let owed = if (self.refund)(status, headers) {
-            Some((0, 0))
+    ) -> Option<Settling> {
+        let free = (self.refund)(status, headers);
+        let head = if free {
+            None
         } else {
-            self.settle
-                .as_ref()
-                .and_then(|f| f(status, headers))
-                .map(|units| (charged.cost, units))
+            self.settle.as_ref().and_then(|f| f(status, headers))
         };
-        if let Some(owed) = owed {
-            self.settle_charge(charged, owed);
+        let later = !free
+            && (self.settle_trailers.is_some() || self.body_bytes || charged.usage.is_some());
+        if free {
+            let zeros = vec![0; charged.policy.quotas().len()];
+            self.settle_charge(&mut charged, zeros);
+        } else if !later {
+            let known = Known {
+                head,
+                ..Known::default()
+            };
+            let owed = self.owed(&charged, known);
+            self.settle_charge(&mut charged, owed);
         }
         headers::apply(
             self.headers,
@@ -487,11 +519,52 @@ impl Limiter {
             charged.now_ms,
             headers,
         );
+        later.then(|| Settling::new(self.clone(), charged, head))
     }
 
-    /// Settles a charge to `(cost, units)` off the response path, and shows
-    /// the settled state in its statuses.
-    fn settle_charge(self: &Arc<Self>, c: &mut Charged, (cost, units): (u64, u64)) {
+    /// Settles a charge when its response body ended (`complete`) or
+    /// before that, as [`Dropped`] says.
+    pub(crate) fn settle_end(self: &Arc<Self>, mut c: Charged, known: Known, complete: bool) {
+        let owed = match (complete, self.dropped) {
+            (true, _) | (false, Dropped::SoFar) => self.owed(&c, known),
+            (false, Dropped::Cost(n)) => c
+                .policy
+                .quotas()
+                .iter()
+                .map(|q| if q.counts_requests() { c.cost } else { n })
+                .collect(),
+            (false, _) => return,
+        };
+        self.settle_charge(&mut c, owed);
+    }
+
+    /// What a charge owes each quota given what is known: a quota counting
+    /// requests its cost; a quota of another unit the first that is known of
+    /// the handler's word for that unit, the body's bytes (`content-bytes`,
+    /// when counted), the trailers, the head, the handler's word for every
+    /// unit; else its reservation.
+    fn owed(&self, c: &Charged, known: Known) -> Vec<u64> {
+        c.policy
+            .quotas()
+            .iter()
+            .map(|q| {
+                if q.counts_requests() {
+                    return c.cost;
+                }
+                let (own, every) = c.usage.as_ref().map_or((None, None), |u| u.said(q));
+                let bytes = known.bytes.filter(|_| q.unit() == "content-bytes");
+                own.or(bytes)
+                    .or(known.trailers)
+                    .or(known.head)
+                    .or(every)
+                    .unwrap_or(c.units)
+            })
+            .collect()
+    }
+
+    /// Settles a charge to what it owes each quota, off the response path,
+    /// and shows the settled state in its statuses.
+    fn settle_charge(self: &Arc<Self>, c: &mut Charged, actual: Vec<u64>) {
         let store: &dyn Store = match (&self.fallback, c.to) {
             #[cfg(feature = "redis")]
             (_, ChargedTo::Nowhere) => return,
@@ -501,22 +574,16 @@ impl Limiter {
         let settle = Settle {
             charge: self.call(&c.key, &c.policy, (c.cost, c.units), c.now_ms),
             decision: &c.decision,
-            cost,
-            units,
+            actual,
             now_ms: self.clock.now_ms(),
         };
         if !settle.changes_anything() {
             return;
         }
-        let settled: Vec<_> = c
-            .policy
-            .quotas()
-            .iter()
+        let settled: Vec<_> = settle
+            .each()
             .zip(c.decision.statuses())
-            .map(|(q, s)| {
-                let (charged, actual) = settle.amounts(q);
-                crate::algorithm::settled_status(q, *s, charged, actual)
-            })
+            .map(|((q, s), st)| crate::algorithm::settled_status(q, *st, s.reserved, s.actual))
             .collect();
         let fut = store.settle(&settle);
         for (s, new) in c.decision.statuses_mut().iter_mut().zip(settled) {

@@ -30,6 +30,7 @@ mod layer;
 mod limiter;
 mod response;
 mod service;
+mod settle;
 
 pub use body::{BodyMode, InnerBody, WrapBody};
 #[cfg(feature = "redis")]
@@ -41,3 +42,5 @@ pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Settings};
 pub use limiter::{Status, StatusError};
 pub use response::{default_rejection, Rejection};
 pub use service::RateLimit;
+pub(crate) use settle::Settling;
+pub use settle::{Dropped, Usage};

@@ -116,11 +116,9 @@ pub struct Settle<'a> {
     pub charge: Charge<'a>,
     /// The decision the charge returned (it identifies the states charged).
     pub decision: &'a Decision,
-    /// What the request really cost each quota that counts requests: the
-    /// charge's `cost`, or 0 for a free response.
-    pub cost: u64,
-    /// What it really cost each quota of another unit.
-    pub units: u64,
+    /// What the request really cost each quota, in policy order. A quota
+    /// without an entry keeps its charge.
+    pub actual: Vec<u64>,
     /// When it is settled (Unix ms).
     pub now_ms: u64,
 }
@@ -130,38 +128,49 @@ impl<'a> Settle<'a> {
     /// the charge's own time.
     pub fn free(charge: Charge<'a>, decision: &'a Decision) -> Self {
         let now_ms = charge.now_ms;
+        let actual = vec![0; charge.policy.quotas().len()];
         Self {
             charge,
             decision,
-            cost: 0,
-            units: 0,
+            actual,
             now_ms,
         }
     }
 
-    /// What `quota` was charged, and what it is owed: `(charged, actual)`.
-    pub fn amounts(&self, quota: &Quota) -> (u64, u64) {
-        let actual = if quota.counts_requests() {
-            self.cost
-        } else {
-            self.units
-        };
-        (self.charge.ask(quota).1, actual)
+    /// Quotas counting requests keep the charge's cost; every quota of
+    /// another unit is settled to `units`, at `now_ms`.
+    pub fn units(charge: Charge<'a>, decision: &'a Decision, units: u64, now_ms: u64) -> Self {
+        let actual = charge
+            .policy
+            .quotas()
+            .iter()
+            .map(|q| if q.counts_requests() { charge.cost } else { units })
+            .collect();
+        Self {
+            charge,
+            decision,
+            actual,
+            now_ms,
+        }
     }
 
     /// Each quota with its settlement, in policy order.
     pub(crate) fn each(&self) -> impl Iterator<Item = (&Quota, Settled)> + '_ {
         let quotas = self.charge.policy.quotas();
-        quotas.iter().zip(self.decision.statuses()).map(|(q, st)| {
-            let (reserved, actual) = self.amounts(q);
-            let settled = Settled {
-                window_id: st.window_id,
-                charged_at: self.charge.now_ms,
-                reserved,
-                actual,
-            };
-            (q, settled)
-        })
+        quotas
+            .iter()
+            .zip(self.decision.statuses())
+            .enumerate()
+            .map(|(i, (q, st))| {
+                let reserved = self.charge.ask(q).1;
+                let settled = Settled {
+                    window_id: st.window_id,
+                    charged_at: self.charge.now_ms,
+                    reserved,
+                    actual: self.actual.get(i).copied().unwrap_or(reserved),
+                };
+                (q, settled)
+            })
     }
 
     /// Whether it changes anything: some quota is owed other than it was charged.

@@ -416,13 +416,7 @@ pub async fn settlements_follow_the_rules(store: &dyn Store, start_ms: u64) {
         let settle = |key: &'static Key, d: &Decision, charged_at, units, now_ms| {
             let reserved = if std::ptr::eq(key, &*DEBT) { 0 } else { 100 };
             let charge = call(key, charged_at, reserved);
-            let s = Settle {
-                charge,
-                decision: d,
-                cost: 1,
-                units,
-                now_ms,
-            };
+            let s = Settle::units(charge, d, units, now_ms);
             let fut = store.settle(&s);
             async move { fut.await.unwrap() }
         };
