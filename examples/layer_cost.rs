@@ -13,7 +13,9 @@
 //! quota's limit per hour (the default of `scripts/bench.sh`, 10⁹, renders
 //! every number in full; below 10 000 they come from a static table), and `N`.
 
+use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
+use http_body_util::Full;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::pin;
@@ -22,8 +24,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tower::{Layer, Service};
 use tower_ratelimit::key::Global;
-use bytes::Bytes;
-use http_body_util::Full;
 use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
 
 /// Answers at once with one header, as axum does for a `&'static str`.

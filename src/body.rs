@@ -82,9 +82,10 @@ where
                 let frame = ready!(body.as_mut().poll_frame(cx));
                 if let Some(s) = settling.as_mut() {
                     let ended = match &frame {
+                        // Trailers end a body (a server may stop polling at them).
                         Some(Ok(f)) => {
                             s.frame(f);
-                            body.is_end_stream()
+                            f.is_trailers() || body.is_end_stream()
                         }
                         // Failed before its end: settled as dropped.
                         Some(Err(_)) => {

@@ -53,7 +53,9 @@ async fn a_saturated_current_thread_runtime_with_a_healthy_redis_never_fails_ope
     layer.connect().await.unwrap();
     let svc = layer.layer(service_fn(|_req: Request<()>| async {
         busy(WORK);
-        Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+        Ok::<_, Infallible>(http::Response::new(
+            http_body_util::Empty::<bytes::Bytes>::new(),
+        ))
     }));
 
     // Every request at once, on the test's one thread: while admitted

@@ -40,7 +40,8 @@ where
                 service,
                 verdict,
                 Request::from_parts(parts, body),
-                limiter.status_extension.then_some(Charged::expose::<B>),
+                (limiter.status_extension || limiter.usage_extension)
+                    .then_some(Charged::expose::<B>),
             ),
             limiter: limiter.clone(),
             body: PhantomData,

@@ -2,10 +2,10 @@
 
 use super::body::{InnerBody, WrapBody};
 use super::deny_cache::{Denials, DenyCache};
-use super::settle::Dropped;
 use super::limiter::{KeySource, Limiter, PolicySource, RejectionFn, Status, StatusError};
 use super::response::{default_rejection, Rejection};
 use super::service::RateLimit;
+use super::settle::Dropped;
 use crate::builder::Builder;
 use crate::error::ConfigError;
 use crate::failure::{Guard, OnStoreError};

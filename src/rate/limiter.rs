@@ -499,8 +499,8 @@ impl Limiter {
         } else {
             self.settle.as_ref().and_then(|f| f(status, headers))
         };
-        let later = !free
-            && (self.settle_trailers.is_some() || self.body_bytes || charged.usage.is_some());
+        let later =
+            !free && (self.settle_trailers.is_some() || self.body_bytes || charged.usage.is_some());
         if free {
             let zeros = vec![0; charged.policy.quotas().len()];
             self.settle_charge(&mut charged, zeros);

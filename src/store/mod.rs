@@ -144,7 +144,13 @@ impl<'a> Settle<'a> {
             .policy
             .quotas()
             .iter()
-            .map(|q| if q.counts_requests() { charge.cost } else { units })
+            .map(|q| {
+                if q.counts_requests() {
+                    charge.cost
+                } else {
+                    units
+                }
+            })
             .collect();
         Self {
             charge,
