@@ -279,6 +279,42 @@ async fn a_refund_predicate_over_grpc_statuses_makes_not_found_free() {
     );
 }
 
+/// A unary gRPC answer ends with trailers (`grpc-status`): a unit quota
+/// reserves 30 per call and settles from them, 5 for a call that
+/// succeeded. A trailers-only answer (an error) is its head: settled there,
+/// to nothing the trailers say, so its reservation stands.
+#[tokio::test]
+async fn a_calls_trailers_settle_its_unit_quota_when_its_stream_ends() {
+    let units = Quota::new(100, Duration::from_secs(60))
+        .unwrap()
+        .named("units")
+        .unwrap()
+        .with_unit("units")
+        .unwrap();
+    let l = RateLimitLayer::builder()
+        .quota(units)
+        .clock(ManualClock::new(T0))
+        .reserve(|_| 30)
+        .settle_trailers(|t| (grpc::status_code(t) == Some(grpc::OK)).then_some(5))
+        .build()
+        .unwrap();
+    let mut c = client(serve(l.clone()).await).await;
+    let left = || {
+        let (parts, ()) = http::Request::new(()).into_parts();
+        let status = l.status(&parts);
+        async move { status.await.unwrap().unwrap().decision.statuses()[0].remaining }
+    };
+    c.check(check("known")).await.unwrap();
+    assert_eq!(left().await, 95, "reserved 30, settled to 5");
+    c.check(check("known")).await.unwrap();
+    assert_eq!(left().await, 90);
+    assert_eq!(
+        c.check(check("unknown")).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(left().await, 60, "no trailers: the reservation stands");
+}
+
 #[tokio::test]
 async fn the_tonic_example_serves_health_behind_the_limiter() {
     let server = example::Running::start(
