@@ -16,14 +16,18 @@ use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, RedisStore, Settle, Store};
 use tower_ratelimit::{Algorithm, Decision, Policy, Quota, QuotaStatus};
 
-/// One request: `gap` ms after the previous one, asking for `cost`; a free
-/// response (a 304) if `refund` is set, its refund arriving that many steps
-/// later (0: at once), carrying the charge's own time as the layer does.
+/// One request: `gap` ms after the previous one, asking for `cost`; settled
+/// if `refund` is set, that many steps later (0: at once). With no `actual`
+/// it is a free response (a 304), given back at the charge's own time as
+/// the layer does; with one, quotas in units are settled to it when the
+/// settlement arrives (debt above the charge, and nothing once the window
+/// has passed).
 #[derive(Clone, Debug)]
 struct Step {
     gap: u64,
     cost: u64,
     refund: Option<usize>,
+    actual: Option<u64>,
 }
 
 /// What a store answered for one step.
@@ -66,7 +70,12 @@ const STRICT: [Algorithm; 4] = [
     Algorithm::SlidingLog,
 ];
 
-fn steps(window_ms: u64, max_cost: u64, refunds: bool) -> impl Strategy<Value = Vec<Step>> {
+fn steps(
+    window_ms: u64,
+    max_cost: u64,
+    refunds: bool,
+    settles: bool,
+) -> impl Strategy<Value = Vec<Step>> {
     // Gaps are mostly short (bursts) with some idle periods up to two windows.
     let gap = prop_oneof![
         4 => 0..=window_ms / 8,
@@ -77,13 +86,27 @@ fn steps(window_ms: u64, max_cost: u64, refunds: bool) -> impl Strategy<Value = 
     } else {
         Just(None).boxed()
     };
+    let actual = if settles {
+        prop::option::weighted(0.8, 0..=2 * max_cost).boxed()
+    } else {
+        Just(None).boxed()
+    };
     prop::collection::vec(
-        (gap, 0..=max_cost, refund).prop_map(|(gap, cost, refund)| Step { gap, cost, refund }),
+        (gap, 0..=max_cost, refund, actual).prop_map(|(gap, cost, refund, actual)| Step {
+            gap,
+            cost,
+            refund,
+            actual,
+        }),
         1..120,
     )
 }
 
-fn case(algorithms: &'static [Algorithm], refunds: bool) -> impl Strategy<Value = Case> {
+fn case(
+    algorithms: &'static [Algorithm],
+    refunds: bool,
+    settles: bool,
+) -> impl Strategy<Value = Case> {
     (
         prop::sample::select(algorithms),
         1..=12u64,
@@ -92,7 +115,7 @@ fn case(algorithms: &'static [Algorithm], refunds: bool) -> impl Strategy<Value 
     )
         .prop_flat_map(move |(algorithm, limit, window_ms, burst)| {
             let most = if algorithm.has_burst() { burst } else { limit };
-            steps(window_ms, most + 1, refunds).prop_map(move |steps| Case {
+            steps(window_ms, most + 1, refunds, settles).prop_map(move |steps| Case {
                 algorithm,
                 limit,
                 window_ms,
@@ -119,6 +142,7 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
             gap: 0,
             cost: 0,
             refund: None,
+            actual: None,
         },
     )]) {
         for &(_, i) in due.iter().filter(|(at, _)| *at <= j) {
@@ -131,10 +155,11 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
                 now_ms: out[i].t,
                 timeout: Duration::from_secs(5),
             };
-            store
-                .settle(&Settle::free(charge, &decisions[i]))
-                .await
-                .unwrap();
+            let settle = match steps[i].actual {
+                None => Settle::free(charge, &decisions[i]),
+                Some(n) => Settle::units(charge, &decisions[i], n, t),
+            };
+            store.settle(&settle).await.unwrap();
         }
         due.retain(|(at, _)| *at > j);
         if j == steps.len() {
@@ -154,7 +179,11 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
         let refunded = s.refund.is_some() && d.is_allowed();
         if let (Some(after), true) = (s.refund, refunded) {
             if after == 0 {
-                store.settle(&Settle::free(charge, &d)).await.unwrap();
+                let settle = match s.actual {
+                    None => Settle::free(charge, &d),
+                    Some(n) => Settle::units(charge, &d, n, t),
+                };
+                store.settle(&settle).await.unwrap();
             } else {
                 due.push((j + after, j));
             }
@@ -284,7 +313,7 @@ fn current_thread_runtime() -> tokio::runtime::Runtime {
 fn strict_property(store: &dyn Store, cases: u32, refunds: bool, start: impl Fn() -> u64) {
     let rt = current_thread_runtime();
     memory_runner(cases)
-        .run(&case(&STRICT, refunds), |c| {
+        .run(&case(&STRICT, refunds, false), |c| {
             let q = c.quota();
             let out = rt.block_on(run(store, &Policy::new(q.clone()), start(), &c.steps));
             check_strict(&q, 0, &out)
@@ -306,7 +335,7 @@ fn refunds_never_let_strict_algorithms_admit_more_than_their_definition_in_the_m
 fn a_mixed_policy_holds_every_quota_to_its_definition_in_the_memory_store() {
     let rt = current_thread_runtime();
     let store = MemoryStore::new();
-    let strategy = (1..=8u64, 1..=6u64, steps(300, 5, true));
+    let strategy = (1..=8u64, 1..=6u64, steps(300, 5, true, false));
     memory_runner(500)
         .run(&strategy, |(per_s, per_2s, steps)| {
             let quotas = [
@@ -341,7 +370,7 @@ fn a_mixed_policy_holds_every_quota_to_its_definition_in_the_memory_store() {
 fn token_bucket_and_gcra_of_the_same_rate_and_burst_answer_identically_refunds_included() {
     let rt = current_thread_runtime();
     let store = MemoryStore::new();
-    let strategy = case(&[Algorithm::TokenBucket], true);
+    let strategy = case(&[Algorithm::TokenBucket], true, false);
     memory_runner(1_000)
         .run(&strategy, |c| {
             let tb = Policy::new(c.quota());
@@ -390,9 +419,45 @@ fn memory_and_redis_answer_every_algorithm_identically() {
     let memory = MemoryStore::new();
     let rt = current_thread_runtime();
     memory_runner(64)
-        .run(&case(&Algorithm::ALL, true), |c| {
+        .run(&case(&Algorithm::ALL, true, false), |c| {
             let policy = Policy::new(c.quota());
             // Both start on the same instant: sliding windows are aligned to the epoch.
+            let start = redis_start();
+            let a = rt.block_on(run(&memory, &policy, start, &c.steps));
+            let b = rt.block_on(run(&redis, &policy, start, &c.steps));
+            prop_assert_eq!(a, b);
+            Ok(())
+        })
+        .unwrap();
+    redis_support::assert_every_key_has_a_ttl(&server);
+}
+
+/// Settlements below and above the reservation, on time and late, leave
+/// both stores in the same state: a policy of a request quota and a quota
+/// in tokens of the same algorithm, the tokens admitted while anything is
+/// left or (even limits) only while the reservation fits.
+#[test]
+fn memory_and_redis_settle_every_algorithm_identically() {
+    if !redis_support::require_redis() {
+        return;
+    }
+    let server = redis_support::RedisServer::start();
+    let redis = RedisStore::new(server.url()).unwrap();
+    let memory = MemoryStore::new();
+    let rt = current_thread_runtime();
+    memory_runner(64)
+        .run(&case(&Algorithm::ALL, true, true), |c| {
+            let fits = c.limit % 2 == 0;
+            let mut tokens = c
+                .quota()
+                .named("tokens")
+                .unwrap()
+                .with_unit("tokens")
+                .unwrap();
+            if fits {
+                tokens = tokens.only_while_the_reservation_fits();
+            }
+            let policy = Policy::new(c.quota()).and(tokens).unwrap();
             let start = redis_start();
             let a = rt.block_on(run(&memory, &policy, start, &c.steps));
             let b = rt.block_on(run(&redis, &policy, start, &c.steps));
@@ -420,16 +485,19 @@ fn a_zero_cost_refund_never_deletes_a_sliding_log_entry() {
             gap: 0,
             cost: 6,
             refund: None,
+            actual: None,
         },
         Step {
             gap: 0,
             cost: 0,
             refund: Some(0),
+            actual: None,
         },
         Step {
             gap: 0,
             cost: 2,
             refund: None,
+            actual: None,
         },
     ];
     let memory = rt.block_on(run(&MemoryStore::new(), &policy, 1_000_000, &steps));
