@@ -3,12 +3,21 @@
 //! holding a guard until the response is done (a concurrency slot, a load
 //! shedder's admission).
 
-use crate::rate::Settling;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use std::fmt;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+
+/// What watches a body to its end: told of each frame, then that the body
+/// ended; dropped unended when the body failed or was dropped first.
+pub(crate) trait Watch: fmt::Debug + Send + Sync + 'static {
+    /// The body sent `frame`.
+    fn frame(&mut self, frame: &Frame<Bytes>);
+    /// The body has ended: nothing more will be sent.
+    fn ended(self: Box<Self>);
+}
 
 pin_project! {
     /// Either the inner service's body, untouched, or a body the limiter wrote (a rejection).
@@ -23,8 +32,8 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
-        // With the request's settlement, when it is made at the body's end.
-        Inner { #[pin] body: B, settling: Option<Settling> },
+        // Watched to its end, when something must know it (a settlement).
+        Inner { #[pin] body: B, watch: Option<Box<dyn Watch>> },
         Limiter { data: Option<Bytes> },
     }
 }
@@ -32,28 +41,25 @@ pin_project! {
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
-            kind: Kind::Inner {
-                body,
-                settling: None,
-            },
+            kind: Kind::Inner { body, watch: None },
         }
     }
 
-    /// The inner service's body, settling its request when it ends.
-    pub(crate) fn settling(body: B, settling: Option<Settling>) -> Self
+    /// The inner service's body, watched by `watch` to its end.
+    pub(crate) fn watched(body: B, watch: Option<Box<dyn Watch>>) -> Self
     where
         B: Body,
     {
-        // Nothing more will be sent (a server may never poll it): settled now.
-        let settling = match settling {
-            Some(s) if body.is_end_stream() => {
-                s.complete(true);
+        // Nothing more will be sent (a server may never poll it): ended now.
+        let watch = match watch {
+            Some(w) if body.is_end_stream() => {
+                w.ended();
                 None
             }
             other => other,
         };
         Self {
-            kind: Kind::Inner { body, settling },
+            kind: Kind::Inner { body, watch },
         }
     }
 
@@ -78,24 +84,24 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { mut body, settling } => {
+            KindProj::Inner { mut body, watch } => {
                 let frame = ready!(body.as_mut().poll_frame(cx));
-                if let Some(s) = settling.as_mut() {
+                if let Some(w) = watch.as_mut() {
                     let ended = match &frame {
                         // Trailers end a body (a server may stop polling at them).
                         Some(Ok(f)) => {
-                            s.frame(f);
+                            w.frame(f);
                             f.is_trailers() || body.is_end_stream()
                         }
-                        // Failed before its end: settled as dropped.
+                        // Failed before its end: the watch is dropped unended.
                         Some(Err(_)) => {
-                            settling.take();
+                            watch.take();
                             false
                         }
                         None => true,
                     };
-                    if let Some(s) = settling.take_if(|_| ended) {
-                        s.complete(true);
+                    if let Some(w) = watch.take_if(|_| ended) {
+                        w.ended();
                     }
                 }
                 Poll::Ready(frame)

@@ -68,7 +68,7 @@ impl<B: http_body::Body> BodyMode<B> for WrapBody {
 
     #[allow(private_interfaces)]
     fn settling(body: B, settling: Option<Settling>) -> Self::Body {
-        ResponseBody::settling(body, settling)
+        ResponseBody::watched(body, settling.map(|s| Box::new(s) as _))
     }
 }
 
@@ -86,7 +86,7 @@ impl<B: From<Bytes>> BodyMode<B> for InnerBody {
     #[allow(private_interfaces)]
     fn settling(body: B, settling: Option<Settling>) -> B {
         if let Some(s) = settling {
-            s.complete(false);
+            s.at_head();
         }
         body
     }

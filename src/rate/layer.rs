@@ -386,8 +386,16 @@ impl Builder<Settings> {
     /// it has anything left, charges the whole reservation, and takes what
     /// the settlement adds beyond it as debt, paid back before it admits
     /// again. What the fleet admits beyond such a quota is bounded by the
-    /// settlements in flight when it ran out: at most the sum of the real
-    /// costs of the requests admitted while it still had something left.
+    /// settlements in flight when it ran out. Precisely, for a quota of
+    /// limit `L` in one window: the last request admitted saw at most
+    /// `L - 1` spent (settled costs, and the reservations of requests not
+    /// yet settled), so the window is charged at most `L - 1` plus, over
+    /// the requests in flight then (that one included), what each really
+    /// cost beyond its reservation. With reservations of 0 that is `L - 1`
+    /// plus their whole real costs; with
+    /// [`only_while_the_reservation_fits`](crate::Quota::only_while_the_reservation_fits)
+    /// and reservations no smaller than the real costs, at most `L`. A
+    /// settlement that lands after its window ended charges nothing.
     ///
     /// ```
     /// # use std::time::Duration;

@@ -18,8 +18,10 @@
 //! One request's path: [`RateLimit`] (the service) starts a
 //! [`ResponseFuture`], which drives the limiter's one decision pipeline
 //! (`limiter.rs`: key, policy, one store call, verdict) and then the inner
-//! service; the response gets the headers of that same store read, and a
-//! free response (a `304`) is refunded.
+//! service; the response gets the headers of that same store read. The
+//! request is settled once (`settle.rs`): at its response head (a free `304`
+//! gives everything back), or, when a later source may still speak (the
+//! trailers, the bytes sent, the handler's [`Usage`]), when the body ends.
 
 mod body;
 #[cfg(feature = "redis")]
@@ -42,5 +44,4 @@ pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Settings};
 pub use limiter::{Status, StatusError};
 pub use response::{default_rejection, Rejection};
 pub use service::RateLimit;
-pub(crate) use settle::Settling;
 pub use settle::{Dropped, Usage};

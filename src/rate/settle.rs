@@ -4,6 +4,7 @@
 //! response body carries to its end.
 
 use super::limiter::{Charged, Limiter};
+use crate::body::Watch;
 use crate::quota::Quota;
 use bytes::Bytes;
 use http::HeaderMap;
@@ -168,7 +169,7 @@ impl Settling {
     }
 
     /// Takes note of one frame the body sent.
-    pub(crate) fn frame(&mut self, frame: &Frame<Bytes>) {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
         if let Some(data) = frame.data_ref() {
             if let Some(b) = &mut self.known.bytes {
                 *b = b.saturating_add(data.len() as u64);
@@ -184,15 +185,28 @@ impl Settling {
         }
     }
 
-    /// The body ended: settles to what is known. `bytes_known` is false
-    /// when the body was not watched (its bytes were not counted).
-    pub(crate) fn complete(mut self, bytes_known: bool) {
-        if !bytes_known {
-            self.known.bytes = None;
-        }
+    /// Settles now, at the response head, to what is known: the body is
+    /// not watched, so its bytes are not known.
+    pub(crate) fn at_head(mut self) {
+        self.known.bytes = None;
+        self.complete();
+    }
+
+    fn complete(&mut self) {
         if let Some(c) = self.charged.take() {
             self.limiter.settle_end(c, self.known, true);
         }
+    }
+}
+
+impl Watch for Settling {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        Settling::frame(self, frame);
+    }
+
+    /// The body ended: settles to what is known.
+    fn ended(mut self: Box<Self>) {
+        self.complete();
     }
 }
 
