@@ -496,6 +496,33 @@ mod redis {
         );
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_body_keeps_its_reservation_in_redis_and_costs_no_second_call() {
+        if !require_redis() {
+            return;
+        }
+        let server = RedisServer::start();
+        let clock = ManualClock::new(SystemClock.now_ms());
+        let layer = builder(bytes_quota(10_000), &clock)
+            .store(RedisStore::new(server.url()).unwrap())
+            .reserve(|_| 1_000)
+            .settle_body_bytes()
+            .build()
+            .unwrap();
+        layer.connect().await.unwrap();
+        // The charge and status scripts are loaded.
+        drop_after_one_frame(&layer).await;
+        assert_eq!(remaining(&layer).await, 9_000, "the reservation stands");
+        server.config_resetstat();
+        drop_after_one_frame(&layer).await;
+        assert_eq!(remaining(&layer).await, 8_000, "the reservation stands");
+        assert_eq!(
+            server.command_calls("evalsha"),
+            2,
+            "the charge and the status read: no settlement"
+        );
+    }
+
     /// Two layers (two processes' worth: each its own connections) share one
     /// Redis and a quota of 1,000 tokens with nothing reserved. Three
     /// requests of 300 settle one by one; then four are admitted while 100
