@@ -504,7 +504,9 @@ impl Limiter {
         if free {
             let zeros = vec![0; charged.policy.quotas().len()];
             self.settle_charge(&mut charged, zeros);
-        } else if !later {
+        } else if !later && head.is_some() {
+            // Settled now, to what the head says (without its word, the
+            // reservation stands as charged: nothing to do).
             let known = Known {
                 head,
                 ..Known::default()
