@@ -3,6 +3,7 @@
 
 use super::body::{BodyMode, WrapBody};
 use super::limiter::{Charged, Limiter};
+use super::settle::Settling;
 use crate::later::Serve;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -63,8 +64,10 @@ where
             cx,
             |res, charged| {
                 let (mut head, body) = res.into_parts();
-                let settling =
-                    charged.and_then(|c| limiter.finish(c, head.status, &mut head.headers));
+                let settling = charged.and_then(|mut c| {
+                    let later = limiter.finish(&mut c, head.status, &mut head.headers)?;
+                    Some(Settling::new(limiter.clone(), c, later.head))
+                });
                 Response::from_parts(head, M::settling(body, settling))
             },
             |res| res.map(M::limiter),

@@ -703,6 +703,7 @@ impl Builder<Settings> {
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 namespace,
+                local_store: store.is_local(),
                 store,
                 clock: common.clock,
                 key: kind.key,

@@ -7,7 +7,7 @@
 
 use super::deny_cache::Denials;
 use super::response::Rejection;
-use super::settle::{Dropped, Known, Settling, Usage};
+use super::settle::{Deferred, Dropped, Known, Usage};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -52,6 +52,8 @@ pub(crate) enum PolicySource {
 pub(crate) struct Limiter {
     pub(crate) namespace: Namespace,
     pub(crate) store: Arc<dyn Store>,
+    /// Whether the store is in this process ([`Store::is_local`]).
+    pub(crate) local_store: bool,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) key: KeySource,
     pub(crate) policy: PolicySource,
@@ -170,8 +172,9 @@ struct Asked {
 /// Where a charge's answer came from.
 #[derive(Clone, Copy)]
 enum Source {
-    /// The store, the call the breaker let through; `started` when it had to wait.
-    Store(failure::Permit, Option<Instant>),
+    /// The store, the call the breaker let through (none guards a store in
+    /// this process); `started` when it had to wait.
+    Store(Option<failure::Permit>, Option<Instant>),
     /// The local deny cache, or the open breaker: nothing to record.
     Local,
     /// The coordinated mode's local drop ratio (no store call).
@@ -316,10 +319,16 @@ impl Limiter {
                 return Later::Now(self.verdict(asked, Source::Local, Ok(decision)));
             }
         }
-        let domain = self.store.failure_domain(&self.namespace, &asked.key);
-        let permit = match self.guard.admit(domain, self.metrics()) {
-            Ok(permit) => permit,
-            Err(open) => return Later::Now(self.verdict(asked, Source::Local, Err(open))),
+        // A store in this process cannot fail the way a network store
+        // does: no breaker guards it.
+        let permit = if self.local_store {
+            None
+        } else {
+            let domain = self.store.failure_domain(&self.namespace, &asked.key);
+            match self.guard.admit(domain, self.metrics()) {
+                Ok(permit) => Some(permit),
+                Err(open) => return Later::Now(self.verdict(asked, Source::Local, Err(open))),
+            }
         };
         let call = self.call(&asked.key, &asked.policy, cost, now_ms);
         let fut = match self.store.charge(&call).into_ready() {
@@ -349,7 +358,9 @@ impl Limiter {
             if let Some(t) = started {
                 m.decide_duration.record(t.elapsed().as_secs_f64());
             }
-            self.guard.record(permit, &result, m);
+            if let Some(permit) = permit {
+                self.guard.record(permit, &result, m);
+            }
         }
         match result {
             Ok(decision) if decision.is_allowed() => {
@@ -485,14 +496,15 @@ impl Limiter {
     /// back for a free response; quotas of other units to what the head
     /// says they cost), or hand back the settlement for the body to carry
     /// to its end when a later source may still say more (the trailers, the
-    /// body's bytes, the handler's [`Usage`]). Then writes the headers,
-    /// showing the state settled so far.
+    /// body's bytes, the handler's [`Usage`]): then the caller hands the
+    /// charge to a [`Settling`]. Writes the headers, showing the state
+    /// settled so far.
     pub(crate) fn finish(
         self: &Arc<Self>,
-        mut charged: Charged,
+        charged: &mut Charged,
         status: StatusCode,
         headers: &mut HeaderMap,
-    ) -> Option<Settling> {
+    ) -> Option<Deferred> {
         let free = (self.refund)(status, headers);
         let head = if free {
             None
@@ -503,7 +515,7 @@ impl Limiter {
             !free && (self.settle_trailers.is_some() || self.body_bytes || charged.usage.is_some());
         if free {
             let zeros = vec![0; charged.policy.quotas().len()];
-            self.settle_charge(&mut charged, zeros);
+            self.settle_charge(charged, zeros);
         } else if !later && head.is_some() {
             // Settled now, to what the head says (without its word, the
             // reservation stands as charged: nothing to do).
@@ -511,8 +523,8 @@ impl Limiter {
                 head,
                 ..Known::default()
             };
-            let owed = self.owed(&charged, known);
-            self.settle_charge(&mut charged, owed);
+            let owed = self.owed(charged, known);
+            self.settle_charge(charged, owed);
         }
         headers::apply(
             self.headers,
@@ -521,7 +533,7 @@ impl Limiter {
             charged.now_ms,
             headers,
         );
-        later.then(|| Settling::new(self.clone(), charged, head))
+        later.then_some(Deferred { head })
     }
 
     /// Settles a charge when its response body ended (`complete`) or

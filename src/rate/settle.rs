@@ -145,6 +145,13 @@ pub(crate) struct Known {
     pub(crate) bytes: Option<u64>,
 }
 
+/// A settlement the response body is to make at its end: what the head
+/// said, with what the body will tell.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deferred {
+    pub(crate) head: Option<u64>,
+}
+
 /// A charged request's settlement, carried by its response body until the
 /// body ends (settled to what is known then) or is dropped first (settled
 /// as [`Dropped`] says). Made once per request and spent once.
