@@ -4,7 +4,7 @@
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::time::Duration;
 use tower_ratelimit::key::Key;
-use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Store};
+use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Settle, Store};
 use tower_ratelimit::{Decision, Policy, Quota};
 
 fn charge(store: &MemoryStore, ns: &Namespace, key: Key, policy: &Policy, now_ms: u64) -> Decision {
@@ -151,4 +151,45 @@ fn several_quotas_are_charged_all_or_nothing() {
         (d.statuses()[0].remaining, d.statuses()[1].remaining),
         (1, 0)
     );
+}
+
+/// A client settled deep into debt (it reserved nothing and then used five
+/// times its quota) has used its quota, whatever its charges said: a flood
+/// of new keys evicts the flood's own keys, never the debtor, so the debt
+/// is never forgiven.
+#[test]
+fn a_client_settled_into_debt_survives_a_flood_and_keeps_its_debt() {
+    let store = MemoryStore::builder().max_keys(CAP).build();
+    let ns = Namespace::new("debt");
+    let tokens = Policy::new(
+        Quota::new(1_000, Duration::from_secs(3600))
+            .unwrap()
+            .with_unit("tokens")
+            .unwrap(),
+    );
+    let debtor = Key::new("debtor");
+    let ask = |now_ms| Charge {
+        namespace: &ns,
+        key: &debtor,
+        policy: &tokens,
+        cost: 1,
+        units: 0,
+        now_ms,
+        timeout: Duration::from_millis(50),
+    };
+    let d = store.charge(&ask(0)).now_or_never().unwrap().unwrap();
+    assert!(d.is_allowed());
+    store
+        .settle(&Settle::units(ask(0), &d, 5_000, 0))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    let flood = hourly(5);
+    evictions(|| {
+        for i in 0..200_000 {
+            assert!(charge(&store, &ns, key(i), &flood, 1).is_allowed());
+        }
+    });
+    let d = store.charge(&ask(2)).now_or_never().unwrap().unwrap();
+    assert!(!d.is_allowed(), "still in debt after the flood");
 }

@@ -323,6 +323,7 @@ impl MemoryStore {
                 Some(e) => (false, e),
                 None => (true, &mut fresh),
             };
+            let mut changed = false;
             for (q, settled) in call.each() {
                 let at = e.slots.iter().position(|s| s.id == slot_of(q));
                 let state = at.map(|i| &mut e.slots[i].state);
@@ -331,14 +332,29 @@ impl MemoryStore {
                     // a debit takes it back.
                     (Outcome::Changed, Some(i)) => {
                         e.slots[i].expires_at = algorithm::expires_at(q, &e.slots[i].state);
+                        changed = true;
                     }
-                    (Outcome::New(state), _) => e.slots.push(Slot {
-                        id: slot_of(q),
-                        expires_at: algorithm::expires_at(q, &state),
-                        state,
-                    }),
+                    (Outcome::New(state), _) => {
+                        e.slots.push(Slot {
+                            id: slot_of(q),
+                            expires_at: algorithm::expires_at(q, &state),
+                            state,
+                        });
+                        changed = true;
+                    }
                     _ => {}
                 }
+            }
+            if changed {
+                // What eviction weighs: a client settled into debt has used
+                // its quota, and must not look like one that has not.
+                let statuses: SmallVec<[QuotaStatus; 2]> = c
+                    .policy
+                    .quotas()
+                    .iter()
+                    .map(|q| algorithm::peek(q, e.get(slot_of(q)), now))
+                    .collect();
+                e.used = Share::most(&statuses);
             }
             ((), (made && !fresh.slots.is_empty()).then_some(fresh))
         });
