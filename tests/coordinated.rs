@@ -222,3 +222,65 @@ fn the_simulation_prints_a_table_per_profile_and_writes_an_svg() {
     }
     let _ = std::fs::remove_file(out);
 }
+
+/// The binding quota (the lowest rate) need not come first: its state is
+/// reported in its own slot, named by its own name, and the other quotas
+/// are open. A quota in tokens is refused: the mode counts requests.
+#[tokio::test]
+async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refused() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let coordinated = || {
+        Coordinated::new(RedisStore::new(server.url()).unwrap())
+            .sync_interval(INTERVAL)
+            .manual_sync()
+    };
+    let second = Quota::new(100, Duration::from_secs(1))
+        .unwrap()
+        .named("second")
+        .unwrap();
+    let hour = Quota::new(1_000, Duration::from_secs(3600))
+        .unwrap()
+        .named("hour")
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .name("slots")
+        .policy(
+            tower_ratelimit::Policy::new(second.clone())
+                .and(hour)
+                .unwrap(),
+        )
+        .key(Constant::new("api"))
+        .coordinated(coordinated())
+        .clock(clock.clone())
+        .headers(tower_ratelimit::HeaderStyle::Ietf)
+        .build()
+        .unwrap();
+    let res = layer
+        .layer(service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(http::Response::new(Body::empty()))
+        }))
+        .oneshot(Request::new(Body::empty()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let field = res.headers()["ratelimit"].to_str().unwrap();
+    assert!(
+        field.starts_with(r#""second";r=100;"#) && field.contains(r#""hour";r=1000;"#),
+        "{field}"
+    );
+
+    let tokens = Quota::new(1_000, Duration::from_secs(60))
+        .unwrap()
+        .with_unit("tokens")
+        .unwrap();
+    let err = RateLimitLayer::builder()
+        .policy(tower_ratelimit::Policy::new(second).and(tokens).unwrap())
+        .coordinated(coordinated())
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("counts requests"), "{err}");
+}

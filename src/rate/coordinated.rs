@@ -30,7 +30,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::quota::{Policy, Quota};
 use crate::store::{Namespace, RedisStore};
 use deadpool_redis::redis::{self, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -233,16 +233,28 @@ impl Coordinator {
         now: u64,
     ) -> Decision {
         self.start_background();
-        // The binding quota is the one with the lowest rate.
-        let q = policy
+        // The binding quota is the request quota with the lowest rate; the
+        // mode counts requests, so quotas in other units are left open.
+        let open = |q: &Quota| QuotaStatus {
+            limit: q.limit(),
+            remaining: q.limit(),
+            reset_ms: now + self.interval_ms,
+            allowed: true,
+            ..QuotaStatus::default()
+        };
+        let Some((binding, q)) = policy
             .quotas()
             .iter()
-            .min_by(|a, b| {
+            .enumerate()
+            .filter(|(_, q)| q.counts_requests())
+            .min_by(|(_, a), (_, b)| {
                 let ra = a.limit() as f64 / a.window_ms() as f64;
                 let rb = b.limit() as f64 / b.window_ms() as f64;
                 ra.total_cmp(&rb)
             })
-            .expect("a policy has a quota");
+        else {
+            return Decision::from_statuses(policy.quotas().iter().map(open), cost);
+        };
         let fresh = self.fresh();
         let ((ratio, fleet), _) = self.keys.update(*key, (), |t| match t {
             Some(t) => {
@@ -276,15 +288,14 @@ impl Coordinator {
             window_id: 0,
             ..QuotaStatus::default()
         };
-        // The binding quota in the policy's first slot, the others as open.
-        let others = policy.quotas().iter().skip(1).map(|other| QuotaStatus {
-            limit: other.limit(),
-            remaining: other.limit(),
-            reset_ms: now + self.interval_ms,
-            allowed: true,
-            ..QuotaStatus::default()
-        });
-        Decision::from_statuses(std::iter::once(status).chain(others), cost)
+        // The binding quota in its own slot, the others as open.
+        let statuses =
+            policy
+                .quotas()
+                .iter()
+                .enumerate()
+                .map(|(i, other)| if i == binding { status } else { open(other) });
+        Decision::from_statuses(statuses, cost)
     }
 
     /// Whether the last successful sync is recent enough for its ratios.

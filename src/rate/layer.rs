@@ -646,6 +646,9 @@ impl Builder<Settings> {
     /// band from fleet-wide counts in Redis — no store call on the request
     /// path; approximate limits that lag traffic by one or two sync intervals.
     /// See [`Coordinated`](crate::Coordinated). The layer's `store` is not used in this mode.
+    /// The mode counts requests: a fixed policy with a quota in another
+    /// unit (tokens, bytes) is refused, and such quotas in a policy chosen
+    /// per request are left open.
     ///
     /// ```
     /// # use std::num::NonZeroU32;
@@ -677,6 +680,14 @@ impl Builder<Settings> {
         let namespace = Namespace::new(&common.name);
         #[cfg(feature = "redis")]
         let coordinator = match kind.coordinated {
+            Some(_) if matches!(&policy, PolicySource::Static(p) if p.quotas().iter().any(|q| !q.counts_requests())) =>
+            {
+                return Err(ConfigError::new(
+                    "the coordinated mode counts requests: a quota in another unit (tokens, \
+                     bytes) is settled in the store, so limit it with a layer without the \
+                     coordinated mode",
+                ));
+            }
             Some(c) => Some(Arc::new(super::coordinated::Coordinator::new(
                 c.check()?,
                 namespace.clone(),
