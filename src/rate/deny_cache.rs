@@ -5,8 +5,8 @@
 //! "Until T" is the rejection's `Retry-After`: for a fixed window its reset, for
 //! token bucket and GCRA the time this cost would next fit. The client was told
 //! to wait until T; honouring that locally is consistent with what it saw.
-//! Requests with a smaller cost than the one rejected are not denied from the
-//! cache (they might fit sooner). Only a rejection the store made is cached,
+//! Requests with a smaller cost or reservation than the one rejected are not
+//! denied from the cache (they might fit sooner). Only a rejection the store made is cached,
 //! never one made without it (the failure policy's local limit).
 
 use crate::bounded::{self, Bounded};
@@ -61,8 +61,8 @@ impl DenyCache {
 struct Denial {
     /// The key is denied until then (monotonic time).
     until: Instant,
-    /// The cost that was rejected.
-    cost: u64,
+    /// The cost and the reservation that were rejected.
+    cost: (u64, u64),
     /// When the store decided.
     decided: Instant,
     decision: Decision,
@@ -96,9 +96,15 @@ impl Denials {
 
     /// The cached rejection for `key`, if it still holds now for `cost`,
     /// with `Retry-After` counted down to now.
-    pub(crate) fn check(&self, key: &Key, cost: u64, now: Instant) -> Option<(Decision, Policy)> {
+    pub(crate) fn check(
+        &self,
+        key: &Key,
+        cost: (u64, u64),
+        now: Instant,
+    ) -> Option<(Decision, Policy)> {
         let (decision, policy, elapsed) = self.map.read(key, now, |d| {
-            (cost >= d.cost).then(|| (d.decision.clone(), d.policy.clone(), now - d.decided))
+            let covered = cost.0 >= d.cost.0 && cost.1 >= d.cost.1;
+            covered.then(|| (d.decision.clone(), d.policy.clone(), now - d.decided))
         })??;
         let elapsed = elapsed.as_millis() as u64;
         let mut decision = decision;
@@ -112,7 +118,7 @@ impl Denials {
     pub(crate) fn insert(
         &self,
         key: Key,
-        cost: u64,
+        cost: (u64, u64),
         decision: &Decision,
         policy: &Policy,
         now: Instant,
@@ -167,26 +173,28 @@ mod tests {
     fn denies_until_the_retry_after_on_the_monotonic_clock_then_forgets() {
         let (c, clock) = (Denials::new(DenyCache::new()).unwrap(), ManualClock::new(0));
         let k = Key::new("k");
-        c.insert(k, 1, &rejected(500), &policy(), clock.monotonic());
-        let (d, _) = c.check(&k, 1, clock.monotonic()).unwrap();
+        c.insert(k, (1, 1), &rejected(500), &policy(), clock.monotonic());
+        let (d, _) = c.check(&k, (1, 1), clock.monotonic()).unwrap();
         assert_eq!(d, rejected(500), "same decision, same headers");
         clock.advance(Duration::from_millis(200));
-        let (d, _) = c.check(&k, 1, clock.monotonic()).unwrap();
+        let (d, _) = c.check(&k, (1, 1), clock.monotonic()).unwrap();
         assert_eq!(d.retry_after_ms(), 300, "Retry-After counts down");
         // A wall-clock step does not move the expiry.
         clock.set(3_600_000);
-        assert!(c.check(&k, 1, clock.monotonic()).is_some());
+        assert!(c.check(&k, (1, 1), clock.monotonic()).is_some());
         clock.advance(Duration::from_millis(300));
-        assert!(c.check(&k, 1, clock.monotonic()).is_none());
+        assert!(c.check(&k, (1, 1), clock.monotonic()).is_none());
     }
 
     #[test]
-    fn a_smaller_cost_is_not_denied_from_the_cache() {
+    fn a_smaller_cost_or_reservation_is_not_denied_from_the_cache() {
         let c = Denials::new(DenyCache::new()).unwrap();
         let (k, now) = (Key::new("k"), Instant::now());
-        c.insert(k, 3, &rejected(500), &policy(), now);
-        assert!(c.check(&k, 2, now).is_none());
-        assert!(c.check(&k, 3, now).is_some());
+        c.insert(k, (3, 3), &rejected(500), &policy(), now);
+        assert!(c.check(&k, (2, 2), now).is_none());
+        assert!(c.check(&k, (3, 3), now).is_some());
+        // A smaller reservation (a quota in tokens) might fit sooner too.
+        assert!(c.check(&k, (3, 2), now).is_none());
     }
 
     #[test]
@@ -196,7 +204,7 @@ mod tests {
         for i in 0..10_000u32 {
             c.insert(
                 Key::new(i.to_le_bytes()),
-                1,
+                (1, 1),
                 &rejected(1_000),
                 &policy(),
                 now,

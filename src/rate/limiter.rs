@@ -312,7 +312,7 @@ impl Limiter {
         }
         if let Some(denials) = &self.denials {
             if let Some((decision, policy)) =
-                denials.check(&asked.key, cost.0, self.clock.monotonic())
+                denials.check(&asked.key, cost, self.clock.monotonic())
             {
                 self.metrics().deny_cache_hits.increment(1);
                 let asked = Asked { policy, ..asked };
@@ -417,7 +417,7 @@ impl Limiter {
             if let Some(d) = &self.denials {
                 d.insert(
                     asked.key,
-                    asked.cost,
+                    (asked.cost, asked.units),
                     &decision,
                     &asked.policy,
                     self.clock.monotonic(),
