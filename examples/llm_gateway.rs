@@ -28,7 +28,7 @@ use http::header::HeaderName;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tower_ratelimit::key::Header;
+use tower_ratelimit::key::ApiKey;
 use tower_ratelimit::{HeaderStyle, Policy, Quota, RateLimitLayer, Usage};
 
 #[derive(Parser, Debug)]
@@ -117,7 +117,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let limit = RateLimitLayer::builder()
         .policy(policy)
-        .key(Header::new(HeaderName::from_static("x-api-key")))
+        // Hashed: the key itself is never stored nor logged.
+        .key(ApiKey::header(HeaderName::from_static("x-api-key")))
         .headers(HeaderStyle::Ietf)
         .reserve(|parts| estimate(&parts.headers))
         .usage_extension()
