@@ -7,6 +7,8 @@
 
 #[path = "support/http.rs"]
 mod http_support;
+#[path = "support/logs.rs"]
+mod logs;
 #[cfg(feature = "redis")]
 #[path = "support/redis.rs"]
 mod redis_support;
@@ -351,8 +353,8 @@ async fn input_and_output_tokens_settle_apart_while_the_request_quota_keeps_its_
 }
 
 #[tokio::test]
-async fn with_the_inner_body_passed_through_a_request_settles_at_its_head_to_what_the_handler_said()
-{
+async fn with_the_inner_body_passed_through_a_request_settles_at_its_head_and_body_sources_are_warned_of(
+) {
     let clock = ManualClock::new(T0);
     let layer = builder(tokens(1_000), &clock)
         .reserve(|_| 100)
@@ -376,6 +378,22 @@ async fn with_the_inner_body_passed_through_a_request_settles_at_its_head_to_wha
         "settled before the body is read"
     );
     drop(res);
+
+    // Sources that read the body see nothing in this mode: a warning says so.
+    let (logs, _guard) = logs::capture();
+    let _quiet = builder(tokens(1_000), &clock).build().unwrap().inner_body();
+    assert!(!logs.text().contains("unwatched"), "{}", logs.text());
+    let _warned = builder(tokens(1_000), &clock)
+        .settle_body_bytes()
+        .build()
+        .unwrap()
+        .inner_body();
+    assert!(logs.text().contains("WARN"), "{}", logs.text());
+    assert!(
+        logs.text().contains("settle_body_bytes see nothing"),
+        "{}",
+        logs.text()
+    );
 }
 
 #[cfg(feature = "redis")]

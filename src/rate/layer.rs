@@ -144,8 +144,21 @@ impl RateLimitLayer {
     ///     .route("/", axum::routing::get(|| async { "ok" }))
     ///     .layer(layer);
     /// ```
+    ///
+    /// The body passes through unwatched, so requests settle at their
+    /// response head: [`settle_trailers`](RateLimitLayerBuilder::settle_trailers)
+    /// and [`settle_body_bytes`](RateLimitLayerBuilder::settle_body_bytes)
+    /// see nothing here, and a warning says so.
     #[must_use]
     pub fn inner_body(self) -> RateLimitLayer<InnerBody> {
+        let l = &self.limiter;
+        if l.settle_trailers.is_some() || l.body_bytes {
+            tracing::warn!(
+                limiter = l.namespace.name(),
+                "inner_body passes the response body through unwatched: settle_trailers and \
+                 settle_body_bytes see nothing, and requests settle at their response head"
+            );
+        }
         RateLimitLayer {
             limiter: self.limiter,
             body: PhantomData,
