@@ -441,8 +441,10 @@ impl Builder<Settings> {
     /// back, above it the excess is charged there too (remaining shows 0
     /// until the window resets or the bucket refills from below zero). A
     /// settlement after its window ended changes nothing. The headers show
-    /// the settled state; a handler that sets the header for a streamed
-    /// body must know the count when it answers.
+    /// the settled state. A header is written before the body: for a count
+    /// known only once a streamed body ends, use the trailers
+    /// ([`settle_trailers`](Self::settle_trailers)) or the handler's
+    /// [`Usage`](crate::Usage) ([`usage_extension`](Self::usage_extension)).
     ///
     /// ```
     /// # use std::time::Duration;
