@@ -1,8 +1,11 @@
 //! [`LoadShedLayer`] and its builder.
 
+use super::adaptive::Adaptive;
 use super::priority::Priority;
 use super::service::LoadShed;
-use super::shedder::{default_response, ClassifyFn, Overloaded, ShedFn, Shedder, UtilisationFn};
+use super::shedder::{
+    default_response, Capacity, ClassifyFn, Overloaded, ShedFn, Shedder, UtilisationFn,
+};
 use crate::builder::Builder;
 use crate::error::ConfigError;
 use crate::failure::LogThrottle;
@@ -70,6 +73,7 @@ impl LoadShedLayer {
             "default",
             Settings {
                 capacity: None,
+                adaptive: None,
                 utilisation: None,
                 classify: Arc::new(|_: &Parts| Priority::Normal),
                 shares: DEFAULT_SHARES.map(|(_, s)| s),
@@ -88,6 +92,18 @@ impl LoadShedLayer {
     pub fn in_flight(&self) -> u64 {
         self.shedder.in_flight.load(Ordering::Acquire)
     }
+
+    /// The capacity in requests in flight now: the configured one, or where
+    /// an [`adaptive`](LoadShedLayerBuilder::adaptive) capacity stands.
+    /// `None` with only a utilisation signal.
+    ///
+    /// ```
+    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// assert_eq!(LoadShedLayer::builder().capacity(10).build().unwrap().capacity(), Some(10));
+    /// ```
+    pub fn capacity(&self) -> Option<u64> {
+        self.shedder.capacity.as_ref().map(|c| c.now())
+    }
 }
 
 impl<S> Layer<S> for LoadShedLayer {
@@ -102,7 +118,7 @@ impl fmt::Debug for LoadShedLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoadShedLayer")
             .field("name", &self.shedder.name)
-            .field("limits", &self.shedder.limits)
+            .field("capacity", &self.capacity())
             .field("shares", &self.shedder.shares)
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
@@ -117,6 +133,7 @@ pub type LoadShedLayerBuilder = Builder<Settings>;
 /// The load shedder's own options, set through [`LoadShedLayerBuilder`].
 pub struct Settings {
     capacity: Option<u64>,
+    adaptive: Option<Adaptive>,
     utilisation: Option<Arc<UtilisationFn>>,
     classify: Arc<ClassifyFn>,
     shares: [f64; 4],
@@ -144,6 +161,28 @@ impl Builder<Settings> {
     /// ```
     pub fn capacity(mut self, requests: u64) -> Self {
         self.kind.capacity = Some(requests);
+        self
+    }
+
+    /// Finds the capacity from latency instead of taking a fixed one: it
+    /// grows while the requests let through do not queue, and shrinks while
+    /// they do, within the [`Adaptive`] bounds (see there for the rule).
+    /// Each class may have `floor(share × capacity)` in flight, at least
+    /// one. With every class at share 1 it is a plain adaptive concurrency
+    /// limit. Choose this or [`capacity`](Self::capacity).
+    ///
+    /// ```
+    /// use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
+    /// // A plain adaptive concurrency limit: one class, all of the capacity.
+    /// let layer = LoadShedLayer::builder()
+    ///     .adaptive(Adaptive::new().min(2).max(200))
+    ///     .share(Priority::Normal, 1.0)
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(LoadShedLayer::builder().capacity(10).adaptive(Adaptive::new()).build().is_err());
+    /// ```
+    pub fn adaptive(mut self, adaptive: Adaptive) -> Self {
+        self.kind.adaptive = Some(adaptive);
         self
     }
 
@@ -269,9 +308,9 @@ impl Builder<Settings> {
                 "the load shedder counts the requests of this process and calls no store",
             ));
         }
-        if kind.capacity.is_none() && kind.utilisation.is_none() {
+        if kind.capacity.is_none() && kind.adaptive.is_none() && kind.utilisation.is_none() {
             return Err(ConfigError::new(
-                "no load signal: call .capacity(n) and/or .utilisation(signal)",
+                "no load signal: call .capacity(n) or .adaptive(..), and/or .utilisation(signal)",
             ));
         }
         for (p, s) in Priority::ALL.iter().zip(kind.shares) {
@@ -292,10 +331,19 @@ impl Builder<Settings> {
                 )));
             }
         }
-        let limits = match kind.capacity {
-            None => None,
-            Some(0) => return Err(ConfigError::new("the capacity must be at least 1")),
-            Some(cap) => {
+        let capacity = match (kind.capacity, kind.adaptive) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "a capacity is fixed (.capacity) or adaptive (.adaptive), not both",
+                ))
+            }
+            (None, Some(a)) => match a.problem() {
+                Some(why) => return Err(ConfigError::new(why)),
+                None => Some(Capacity::adaptive(a)),
+            },
+            (None, None) => None,
+            (Some(0), _) => return Err(ConfigError::new("the capacity must be at least 1")),
+            (Some(cap), None) => {
                 // The epsilon keeps 0.29 × 100 at 29, not 28.999….
                 let limits = kind.shares.map(|s| (s * cap as f64 + 1e-9).floor() as u64);
                 if let Some(p) = Priority::ALL.iter().find(|p| limits[p.index()] == 0) {
@@ -305,14 +353,14 @@ impl Builder<Settings> {
                         kind.shares[p.index()]
                     )));
                 }
-                Some(limits)
+                Some(Capacity::Fixed(cap, limits))
             }
         };
         Ok(LoadShedLayer {
             shedder: Arc::new(Shedder {
                 name: common.name,
                 classify: kind.classify,
-                limits,
+                capacity,
                 shares: kind.shares,
                 utilisation: kind.utilisation,
                 in_flight: AtomicU64::new(0),

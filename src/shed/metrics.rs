@@ -13,6 +13,8 @@ pub(crate) struct Metrics {
     pub(crate) shadow_shed: [Counter; 4],
     pub(crate) in_flight: Gauge,
     pub(crate) utilisation: Gauge,
+    /// An adaptive capacity's value.
+    pub(crate) capacity: Gauge,
 }
 
 impl Metrics {
@@ -26,7 +28,8 @@ impl Metrics {
             shed: decision("shed"),
             shadow_shed: Priority::ALL.map(|p| counter!("load_shed_shadow_total", "limiter" => l.clone(), "class" => p.as_str())),
             in_flight: gauge!("load_shed_in_flight", "limiter" => l.clone()),
-            utilisation: gauge!("load_shed_utilisation", "limiter" => l),
+            utilisation: gauge!("load_shed_utilisation", "limiter" => l.clone()),
+            capacity: gauge!("load_shed_capacity", "limiter" => l),
         }
     }
 }

@@ -73,6 +73,7 @@
 //! | `load_shed_in_flight` | gauge | | requests in flight through the shedder |
 //! | `load_shed_utilisation` | gauge | | the utilisation signal's last reading |
 
+mod adaptive;
 mod future;
 mod layer;
 mod metrics;
@@ -80,6 +81,7 @@ mod priority;
 mod service;
 mod shedder;
 
+pub use adaptive::Adaptive;
 pub use future::ResponseFuture;
 pub use layer::{LoadShedLayer, LoadShedLayerBuilder, Settings, DEFAULT_SHARES};
 pub use priority::{ParsePriorityError, Priority};

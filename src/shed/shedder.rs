@@ -1,6 +1,7 @@
 //! The shedder every clone of a layer shares, and the [`Admission`] guard
 //! that counts a request in flight until its response is done.
 
+use super::adaptive::{Adaptive, Estimator};
 use super::metrics::Metrics;
 use super::priority::Priority;
 use crate::failure::{Log, LogThrottle};
@@ -10,7 +11,8 @@ use http::request::Parts;
 use http::{HeaderValue, Response};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use tokio::time::Instant;
 
 pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Priority + Send + Sync;
 pub(crate) type UtilisationFn = dyn Fn() -> f64 + Send + Sync;
@@ -68,8 +70,8 @@ impl Overloaded {
 pub(crate) struct Shedder {
     pub(crate) name: String,
     pub(crate) classify: Arc<ClassifyFn>,
-    /// Requests each class may have in flight (by [`Priority::index`]), with a capacity.
-    pub(crate) limits: Option<[u64; 4]>,
+    /// The capacity in requests in flight, if one is configured.
+    pub(crate) capacity: Option<Capacity>,
     /// The share of capacity or utilisation each class may use.
     pub(crate) shares: [f64; 4],
     pub(crate) utilisation: Option<Arc<UtilisationFn>>,
@@ -81,16 +83,67 @@ pub(crate) struct Shedder {
     pub(crate) metrics: OnceLock<Metrics>,
 }
 
+/// The capacity: fixed, or found from latency.
+pub(crate) enum Capacity {
+    /// The capacity, and the requests each class may have in flight (by
+    /// [`Priority::index`]).
+    Fixed(u64, [u64; 4]),
+    /// Moved by each admitted request's latency.
+    Adaptive {
+        estimator: Mutex<Estimator>,
+        now: AtomicU64,
+    },
+}
+
+impl Capacity {
+    pub(crate) fn adaptive(cfg: Adaptive) -> Self {
+        Capacity::Adaptive {
+            now: AtomicU64::new(cfg.initial),
+            estimator: Mutex::new(Estimator::new(cfg)),
+        }
+    }
+
+    /// The requests in flight a class of `share` may have now (with an
+    /// adaptive capacity, at least one, so every class keeps measuring).
+    fn limit(&self, class: usize, share: f64) -> u64 {
+        match self {
+            Capacity::Fixed(_, limits) => limits[class],
+            Capacity::Adaptive { now, .. } => {
+                ((share * now.load(Ordering::Relaxed) as f64 + 1e-9).floor() as u64).max(1)
+            }
+        }
+    }
+
+    /// The whole capacity now.
+    pub(crate) fn now(&self) -> u64 {
+        match self {
+            Capacity::Fixed(capacity, _) => *capacity,
+            Capacity::Adaptive { now, .. } => now.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// A request counted in flight by the load shedder until dropped — at the end
 /// of the response body, or when the request is dropped, fails or panics first.
 pub struct Admission {
     shedder: Arc<Shedder>,
+    /// When it started, for an adaptive capacity.
+    started: Option<Instant>,
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.shedder.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.shedder.metrics().in_flight.decrement(1);
+        let in_flight = self.shedder.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let m = self.shedder.metrics();
+        m.in_flight.decrement(1);
+        if let (Some(started), Some(Capacity::Adaptive { estimator, now })) =
+            (self.started, &self.shedder.capacity)
+        {
+            let mut e = estimator.lock().unwrap_or_else(PoisonError::into_inner);
+            let limit = e.sample(started.elapsed(), in_flight);
+            now.store(limit, Ordering::Relaxed);
+            m.capacity.set(limit as f64);
+        }
     }
 }
 
@@ -142,12 +195,20 @@ impl Shedder {
         Some(u)
     }
 
+    fn admission(self: &Arc<Self>) -> Admission {
+        let adaptive = matches!(self.capacity, Some(Capacity::Adaptive { .. }));
+        Admission {
+            shedder: self.clone(),
+            started: adaptive.then(Instant::now),
+        }
+    }
+
     /// Classifies and decides, counting the request in if it runs.
     pub(crate) fn admit(self: &Arc<Self>, parts: &Parts) -> Verdict {
         let class = (self.classify)(parts);
         let i = class.index();
         let share = self.shares[i];
-        let limit = self.limits.map(|l| l[i]);
+        let limit = self.capacity.as_ref().map(|c| c.limit(i, share));
         let utilisation = self.read_utilisation();
         let m = self.metrics();
         // Check and count in one step, so concurrent requests never overshoot a class's limit.
@@ -160,9 +221,7 @@ impl Shedder {
             Ok(_) => {
                 m.admitted[i].increment(1);
                 m.in_flight.increment(1);
-                return Verdict::Admitted(Admission {
-                    shedder: self.clone(),
-                });
+                return Verdict::Admitted(self.admission());
             }
             Err(n) => n,
         };
@@ -173,9 +232,7 @@ impl Shedder {
             });
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             m.in_flight.increment(1);
-            return Verdict::Admitted(Admission {
-                shedder: self.clone(),
-            });
+            return Verdict::Admitted(self.admission());
         }
         m.shed[i].increment(1);
         self.log.event(Log::Rejected, || {
