@@ -28,7 +28,8 @@
 //!
 //! `--concurrency N` caps each key's requests in flight (in the store chosen
 //! with `--store`), and `--shed-capacity N` sheds by the `x-priority` header
-//! (`critical`, `normal`, `low`, `test`) when N requests are in flight:
+//! (`critical`, `normal`, `low`, `test`) when N requests are in flight
+//! (`--adaptive`: with a capacity found from latency, starting at 20):
 //!
 //! ```text
 //! cargo run --features redis --example demo -- --store redis --concurrency 2 --shed-capacity 20
@@ -46,7 +47,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
-use tower_ratelimit::shed::{LoadShedLayer, Priority};
+use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
 use tower_ratelimit::store::{RedisStore, RedisStoreBuilder, ShardedStore, Store};
 use tower_ratelimit::{
     Algorithm, Coordinated, DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer,
@@ -146,6 +147,10 @@ struct Args {
     /// Shed requests by `x-priority` (critical, normal, low, test) with this many in flight.
     #[arg(long)]
     shed_capacity: Option<u64>,
+    /// Shed requests by `x-priority` with a capacity found from latency
+    /// (starting at 20 in flight), instead of `--shed-capacity`.
+    #[arg(long, conflicts_with = "shed_capacity")]
+    adaptive: bool,
     /// `strict`: one store call per request; `coordinated`: local drops from
     /// fleet counts synced through Redis (needs `--store redis`).
     #[arg(long, value_enum, default_value_t = Mode::Strict)]
@@ -484,13 +489,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .route("/rate_limit", get(rate_limit).with_state(layer));
     }
 
-    if let Some(capacity) = args.shed_capacity {
-        let shed = LoadShedLayer::builder()
-            .capacity(capacity)
+    if args.shed_capacity.is_some() || args.adaptive {
+        let mut shed = LoadShedLayer::builder()
             .classify(priority)
-            .shadow(args.shadow)
-            .build()?;
-        app = app.layer(shed);
+            .shadow(args.shadow);
+        shed = match args.shed_capacity {
+            Some(capacity) => shed.capacity(capacity),
+            None => shed.adaptive(Adaptive::new()),
+        };
+        app = app.layer(shed.build()?);
     }
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

@@ -292,3 +292,43 @@ async fn demo_runs_the_coordinated_mode_on_redis_and_refuses_it_without_redis() 
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--store redis"));
 }
+
+/// `--adaptive` sheds by `x-priority` with a capacity found from latency: it
+/// starts at 20 in flight, so at most 14 `low` requests (70 %) run at once;
+/// the rest are shed with a `temporary-reduced-capacity` 503, and `low` is
+/// served again once the flood is over.
+#[tokio::test]
+async fn demo_with_an_adaptive_capacity_sheds_a_flood_of_low_priority_requests() {
+    let demo = Running::start(
+        "demo",
+        &["--listen", "127.0.0.1:0", "--store", "none", "--adaptive"],
+    );
+    let c = HttpClient::new();
+    // Held 2 s: the whole flood arrives while the first are still running.
+    let url = demo.url("/slow/2000");
+    let flood: Vec<_> = (0..30)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move { c.get_with(&url, &[("x-priority", b"low")]).await })
+        })
+        .collect();
+    let (mut ok, mut shed) = (0, 0);
+    for r in flood {
+        let r = r.await.unwrap();
+        match r.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                shed += 1;
+                assert!(r.header("retry-after").is_some());
+                assert!(r.body.contains("temporary-reduced-capacity"), "{}", r.body);
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!((1..=14).contains(&ok), "{ok} low requests ran at once");
+    assert_eq!(ok + shed, 30);
+    let r = c
+        .get_with(&demo.url("/slow/1"), &[("x-priority", b"low")])
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "served again after the flood");
+}
