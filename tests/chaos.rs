@@ -18,7 +18,7 @@ mod redis_support;
 use axum::{routing::get, Router};
 use http::{Request, StatusCode};
 use managed::{sentinels, wait_for_master, Sentinel, SentinelOptions, MASTER};
-use redis_support::{assert_every_key_has_a_ttl, wait_until, RedisServer};
+use redis_support::{assert_every_key_has_a_ttl, poll_until, wait_until, RedisServer};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -178,6 +178,23 @@ impl Fleet {
                 self.sentinels[0]
                     .cmd(&["SENTINEL", "FAILOVER", MASTER])
                     .assert_ok();
+                // Sentinel may abort a failover, as it does when the
+                // primary restarted shortly before (a fault just before this
+                // one): asked again, twice. If it still refuses, the primary
+                // stays, as it would for an operator.
+                let named = || (self.sentinels[0].master_port() == Some(new)).then_some(());
+                let mut done = poll_until(Duration::from_secs(10), named).is_some();
+                for _ in 0..2 {
+                    if done {
+                        break;
+                    }
+                    let _ = self.sentinels[0].cmd(&["SENTINEL", "FAILOVER", MASTER]);
+                    done = poll_until(Duration::from_secs(10), named).is_some();
+                }
+                if !done {
+                    wait_for_master(&self.sentinels, old);
+                    return "failover to the replica, aborted by Sentinel (the primary stays)";
+                }
                 wait_for_master(&self.sentinels, new);
                 p[0].wait_for_role("replica");
                 "failover to the replica"

@@ -221,31 +221,35 @@ impl Backoff {
     }
 }
 
+/// Polls `probe` until it returns `Some`, for at most `timeout`; `None` after.
+pub fn poll_until<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut backoff = Backoff::new(timeout);
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if !backoff.wait() {
+            // One last look after the deadline.
+            return probe();
+        }
+    }
+}
+
 /// Polls `probe` until it returns `Some`; panics with `context()` after `timeout`.
 pub fn wait_until<T>(
     timeout: Duration,
     what: &str,
-    mut probe: impl FnMut() -> Option<T>,
+    probe: impl FnMut() -> Option<T>,
     context: impl FnOnce() -> String,
 ) -> T {
     let started = Instant::now();
-    let mut backoff = Backoff::new(timeout);
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        if !backoff.wait() {
-            // One last look after the deadline.
-            if let Some(v) = probe() {
-                return v;
-            }
-            panic!(
-                "timed out after {:.1?} waiting for {what}\n{}",
-                started.elapsed(),
-                context()
-            );
-        }
-    }
+    poll_until(timeout, probe).unwrap_or_else(|| {
+        panic!(
+            "timed out after {:.1?} waiting for {what}\n{}",
+            started.elapsed(),
+            context()
+        )
+    })
 }
 
 fn port_free(port: u16) -> bool {
