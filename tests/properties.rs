@@ -409,8 +409,9 @@ fn strict_algorithms_never_admit_more_than_their_definition_in_redis() {
     redis_support::assert_every_key_has_a_ttl(&server);
 }
 
-#[test]
-fn memory_and_redis_answer_every_algorithm_identically() {
+/// Runs the same random cases through the memory store and a real Redis,
+/// under the policy `policy` makes of each, and holds them to one answer.
+fn stores_agree(settles: bool, policy: impl Fn(&Case) -> Policy) {
     if !redis_support::require_redis() {
         return;
     }
@@ -419,8 +420,8 @@ fn memory_and_redis_answer_every_algorithm_identically() {
     let memory = MemoryStore::new();
     let rt = current_thread_runtime();
     memory_runner(64)
-        .run(&case(&Algorithm::ALL, true, false), |c| {
-            let policy = Policy::new(c.quota());
+        .run(&case(&Algorithm::ALL, true, settles), |c| {
+            let policy = policy(&c);
             // Both start on the same instant: sliding windows are aligned to the epoch.
             let start = redis_start();
             let a = rt.block_on(run(&memory, &policy, start, &c.steps));
@@ -432,40 +433,29 @@ fn memory_and_redis_answer_every_algorithm_identically() {
     redis_support::assert_every_key_has_a_ttl(&server);
 }
 
+#[test]
+fn memory_and_redis_answer_every_algorithm_identically() {
+    stores_agree(false, |c| Policy::new(c.quota()));
+}
+
 /// Settlements below and above the reservation, on time and late, leave
 /// both stores in the same state: a policy of a request quota and a quota
 /// in tokens of the same algorithm, the tokens admitted while anything is
 /// left or (even limits) only while the reservation fits.
 #[test]
 fn memory_and_redis_settle_every_algorithm_identically() {
-    if !redis_support::require_redis() {
-        return;
-    }
-    let server = redis_support::RedisServer::start();
-    let redis = RedisStore::new(server.url()).unwrap();
-    let memory = MemoryStore::new();
-    let rt = current_thread_runtime();
-    memory_runner(64)
-        .run(&case(&Algorithm::ALL, true, true), |c| {
-            let fits = c.limit % 2 == 0;
-            let mut tokens = c
-                .quota()
-                .named("tokens")
-                .unwrap()
-                .with_unit("tokens")
-                .unwrap();
-            if fits {
-                tokens = tokens.only_while_the_reservation_fits();
-            }
-            let policy = Policy::new(c.quota()).and(tokens).unwrap();
-            let start = redis_start();
-            let a = rt.block_on(run(&memory, &policy, start, &c.steps));
-            let b = rt.block_on(run(&redis, &policy, start, &c.steps));
-            prop_assert_eq!(a, b);
-            Ok(())
-        })
-        .unwrap();
-    redis_support::assert_every_key_has_a_ttl(&server);
+    stores_agree(true, |c| {
+        let mut tokens = c
+            .quota()
+            .named("tokens")
+            .unwrap()
+            .with_unit("tokens")
+            .unwrap();
+        if c.limit % 2 == 0 {
+            tokens = tokens.only_while_the_reservation_fits();
+        }
+        Policy::new(c.quota()).and(tokens).unwrap()
+    });
 }
 
 /// Regression: refunding a zero-cost charge to a sliding log in Redis re-added

@@ -58,6 +58,14 @@ fn builder(quota: Quota, clock: &ManualClock) -> RateLimitLayerBuilder {
         .headers(HeaderStyle::Ietf)
 }
 
+/// 10,000 bytes a minute, each response reserving 1,000 and settled to the
+/// bytes its body sent.
+fn egress(clock: &ManualClock) -> RateLimitLayerBuilder {
+    builder(bytes_quota(10_000), clock)
+        .reserve(|_| 1_000)
+        .settle_body_bytes()
+}
+
 /// What the caller has left in its first quota, read without charging.
 async fn remaining<M>(layer: &RateLimitLayer<M>) -> u64 {
     let (parts, ()) = Request::new(()).into_parts();
@@ -203,11 +211,7 @@ async fn trailers_sent_over_http2_settle_the_request_once_and_come_before_the_he
 #[tokio::test]
 async fn a_content_bytes_quota_settles_to_the_bytes_the_body_really_sent() {
     let clock = ManualClock::new(T0);
-    let layer = builder(bytes_quota(10_000), &clock)
-        .reserve(|_| 1_000)
-        .settle_body_bytes()
-        .build()
-        .unwrap();
+    let layer = egress(&clock).build().unwrap();
     let app = Router::new()
         .route("/stream/{n}", get(stream_tokens))
         .route("/whole", get(|| async { "x".repeat(250) }))
@@ -262,9 +266,7 @@ async fn a_dropped_body_keeps_its_reservation_or_settles_as_configured() {
     ];
     for (dropped, left, why) in cases {
         let clock = ManualClock::new(T0);
-        let mut b = builder(bytes_quota(10_000), &clock)
-            .reserve(|_| 1_000)
-            .settle_body_bytes();
+        let mut b = egress(&clock);
         if let Some(d) = dropped {
             b = b.settle_dropped(d);
         }
@@ -277,9 +279,7 @@ async fn a_dropped_body_keeps_its_reservation_or_settles_as_configured() {
 #[tokio::test]
 async fn a_body_that_fails_before_its_end_is_settled_as_dropped() {
     let clock = ManualClock::new(T0);
-    let layer = builder(bytes_quota(10_000), &clock)
-        .reserve(|_| 1_000)
-        .settle_body_bytes()
+    let layer = egress(&clock)
         .settle_dropped(Dropped::SoFar)
         .build()
         .unwrap();
@@ -521,10 +521,8 @@ mod redis {
         }
         let server = RedisServer::start();
         let clock = ManualClock::new(SystemClock.now_ms());
-        let layer = builder(bytes_quota(10_000), &clock)
+        let layer = egress(&clock)
             .store(RedisStore::new(server.url()).unwrap())
-            .reserve(|_| 1_000)
-            .settle_body_bytes()
             .build()
             .unwrap();
         layer.connect().await.unwrap();

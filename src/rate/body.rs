@@ -15,17 +15,14 @@ pub trait BodyMode<B>: sealed::Sealed {
     /// The body type of the service's responses.
     type Body;
 
-    /// The inner service's body, passed on as it is.
-    fn inner(body: B) -> Self::Body;
-
-    /// A body the limiter wrote: a rejection or a store-failure answer.
-    fn limiter(data: Bytes) -> Self::Body;
-
     /// The inner service's body, carrying the request's settlement to its
     /// end when one is still to be made.
     #[doc(hidden)]
     #[allow(private_interfaces)]
-    fn settling(body: B, settling: Option<Settling>) -> Self::Body;
+    fn inner(body: B, settling: Option<Settling>) -> Self::Body;
+
+    /// A body the limiter wrote: a rejection or a store-failure answer.
+    fn limiter(data: Bytes) -> Self::Body;
 }
 
 /// The default [`BodyMode`]: responses carry a [`ResponseBody`], either the
@@ -58,37 +55,29 @@ pub struct InnerBody;
 impl<B: http_body::Body> BodyMode<B> for WrapBody {
     type Body = ResponseBody<B>;
 
-    fn inner(body: B) -> Self::Body {
-        ResponseBody::inner(body)
+    #[allow(private_interfaces)]
+    fn inner(body: B, settling: Option<Settling>) -> Self::Body {
+        ResponseBody::watched(body, settling.map(|s| Box::new(s) as _))
     }
 
     fn limiter(data: Bytes) -> Self::Body {
         ResponseBody::limiter(data)
-    }
-
-    #[allow(private_interfaces)]
-    fn settling(body: B, settling: Option<Settling>) -> Self::Body {
-        ResponseBody::watched(body, settling.map(|s| Box::new(s) as _))
     }
 }
 
 impl<B: From<Bytes>> BodyMode<B> for InnerBody {
     type Body = B;
 
-    fn inner(body: B) -> B {
+    #[allow(private_interfaces)]
+    fn inner(body: B, settling: Option<Settling>) -> B {
+        if let Some(s) = settling {
+            s.at_head();
+        }
         body
     }
 
     fn limiter(data: Bytes) -> B {
         B::from(data)
-    }
-
-    #[allow(private_interfaces)]
-    fn settling(body: B, settling: Option<Settling>) -> B {
-        if let Some(s) = settling {
-            s.at_head();
-        }
-        body
     }
 }
 

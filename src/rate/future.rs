@@ -68,7 +68,7 @@ where
                     let later = limiter.finish(&mut c, head.status, &mut head.headers)?;
                     Some(Settling::new(limiter.clone(), c, later.head))
                 });
-                Response::from_parts(head, M::settling(body, settling))
+                Response::from_parts(head, M::inner(body, settling))
             },
             |res| res.map(M::limiter),
         )

@@ -519,11 +519,14 @@ impl Limiter {
         } else if !later && head.is_some() {
             // Settled now, to what the head says (without its word, the
             // reservation stands as charged: nothing to do).
-            let known = Known {
-                head,
-                ..Known::default()
-            };
-            let owed = self.owed(charged, known);
+            let owed = owed(
+                charged,
+                charged.usage.as_ref(),
+                Known {
+                    head,
+                    ..Known::default()
+                },
+            );
             self.settle_charge(charged, owed);
         }
         headers::apply(
@@ -540,40 +543,12 @@ impl Limiter {
     /// before that, as [`Dropped`] says.
     pub(crate) fn settle_end(self: &Arc<Self>, mut c: Charged, known: Known, complete: bool) {
         let owed = match (complete, self.dropped) {
-            (true, _) | (false, Dropped::SoFar) => self.owed(&c, known),
-            (false, Dropped::Cost(n)) => c
-                .policy
-                .quotas()
-                .iter()
-                .map(|q| if q.counts_requests() { c.cost } else { n })
-                .collect(),
+            (true, _) | (false, Dropped::SoFar) => owed(&c, c.usage.as_ref(), known),
+            // The configured cost is the only word: every unit quota pays it.
+            (false, Dropped::Cost(n)) => owed(&c, None, Known::head(n)),
             (false, _) => return,
         };
         self.settle_charge(&mut c, owed);
-    }
-
-    /// What a charge owes each quota given what is known: a quota counting
-    /// requests its cost; a quota of another unit the first that is known of
-    /// the handler's word for that unit, the body's bytes (`content-bytes`,
-    /// when counted), the trailers, the head, the handler's word for every
-    /// unit; else its reservation.
-    fn owed(&self, c: &Charged, known: Known) -> Vec<u64> {
-        c.policy
-            .quotas()
-            .iter()
-            .map(|q| {
-                if q.counts_requests() {
-                    return c.cost;
-                }
-                let (own, every) = c.usage.as_ref().map_or((None, None), |u| u.said(q));
-                let bytes = known.bytes.filter(|_| q.unit() == "content-bytes");
-                own.or(bytes)
-                    .or(known.trailers)
-                    .or(known.head)
-                    .or(every)
-                    .unwrap_or(c.units)
-            })
-            .collect()
     }
 
     /// Settles a charge to what it owes each quota, off the response path,
@@ -643,6 +618,30 @@ impl Limiter {
             now_ms,
         }))
     }
+}
+
+/// What a charge owes each quota given what is known: a quota counting
+/// requests its cost; a quota of another unit the first that is known of
+/// the handler's word for that unit, the body's bytes (`content-bytes`,
+/// when counted), the trailers, the head, the handler's word for every
+/// unit; else its reservation.
+fn owed(c: &Charged, usage: Option<&Usage>, known: Known) -> Vec<u64> {
+    c.policy
+        .quotas()
+        .iter()
+        .map(|q| {
+            if q.counts_requests() {
+                return c.cost;
+            }
+            let (own, every) = usage.map_or((None, None), |u| u.said(q));
+            let bytes = known.bytes.filter(|_| q.unit() == "content-bytes");
+            own.or(bytes)
+                .or(known.trailers)
+                .or(known.head)
+                .or(every)
+                .unwrap_or(c.units)
+        })
+        .collect()
 }
 
 /// Copies a request head (without extensions that cannot be cloned) for an async policy lookup.

@@ -7,7 +7,6 @@ use super::limiter::{Charged, Limiter};
 use crate::body::Watch;
 use crate::quota::Quota;
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body::Frame;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -47,6 +46,18 @@ struct Amounts {
 }
 
 impl Amounts {
+    /// The amount for `unit`, 0 until something is said of it.
+    fn unit(&mut self, unit: &str) -> &mut u64 {
+        let i = match self.by_unit.iter().position(|(u, _)| &**u == unit) {
+            Some(i) => i,
+            None => {
+                self.by_unit.push((unit.into(), 0));
+                self.by_unit.len() - 1
+            }
+        };
+        &mut self.by_unit[i].1
+    }
+
     fn of(&self, unit: &str) -> Option<u64> {
         self.by_unit
             .iter()
@@ -70,17 +81,16 @@ impl Usage {
     /// The request cost `n` in the quotas counting `unit` (e.g.
     /// `"output-tokens"`).
     pub fn settle_unit(&self, unit: &str, n: u64) {
-        self.with(|a| match a.by_unit.iter_mut().find(|(u, _)| &**u == unit) {
-            Some((_, v)) => *v = n,
-            None => a.by_unit.push((unit.into(), n)),
-        });
+        self.with(|a| *a.unit(unit) = n);
     }
 
     /// Adds `n` to what the quotas counting `unit` are settled to (0 before
     /// any call).
     pub fn add_unit(&self, unit: &str, n: u64) {
-        let now = self.with(|a| a.of(unit)).unwrap_or(0);
-        self.settle_unit(unit, now.saturating_add(n));
+        self.with(|a| {
+            let v = a.unit(unit);
+            *v = v.saturating_add(n);
+        });
     }
 
     /// What the handle says the request cost `quota`: in its own unit, and
@@ -145,6 +155,16 @@ pub(crate) struct Known {
     pub(crate) bytes: Option<u64>,
 }
 
+impl Known {
+    /// Only the head's word.
+    pub(crate) fn head(n: u64) -> Self {
+        Known {
+            head: Some(n),
+            ..Known::default()
+        }
+    }
+}
+
 /// A settlement the response body is to make at its end: what the head
 /// said, with what the body will tell.
 #[derive(Debug, Clone, Copy)]
@@ -175,23 +195,6 @@ impl Settling {
         }
     }
 
-    /// Takes note of one frame the body sent.
-    fn frame(&mut self, frame: &Frame<Bytes>) {
-        if let Some(data) = frame.data_ref() {
-            if let Some(b) = &mut self.known.bytes {
-                *b = b.saturating_add(data.len() as u64);
-            }
-        } else if let Some(trailers) = frame.trailers_ref() {
-            self.trailers(trailers);
-        }
-    }
-
-    fn trailers(&mut self, trailers: &HeaderMap) {
-        if let Some(f) = &self.limiter.settle_trailers {
-            self.known.trailers = f(trailers);
-        }
-    }
-
     /// Settles now, at the response head, to what is known: the body is
     /// not watched, so its bytes are not known.
     pub(crate) fn at_head(mut self) {
@@ -207,8 +210,17 @@ impl Settling {
 }
 
 impl Watch for Settling {
+    /// Counts the bytes sent, and reads the trailers.
     fn frame(&mut self, frame: &Frame<Bytes>) {
-        Settling::frame(self, frame);
+        if let Some(data) = frame.data_ref() {
+            if let Some(b) = &mut self.known.bytes {
+                *b = b.saturating_add(data.len() as u64);
+            }
+        } else if let (Some(trailers), Some(f)) =
+            (frame.trailers_ref(), &self.limiter.settle_trailers)
+        {
+            self.known.trailers = f(trailers);
+        }
     }
 
     /// The body ended: settles to what is known.

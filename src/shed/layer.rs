@@ -4,7 +4,7 @@ use super::adaptive::Adaptive;
 use super::priority::Priority;
 use super::service::LoadShed;
 use super::shedder::{
-    default_response, Capacity, ClassifyFn, Overloaded, ShedFn, Shedder, UtilisationFn,
+    default_response, share_of, Capacity, ClassifyFn, Overloaded, ShedFn, Shedder, UtilisationFn,
 };
 use crate::builder::Builder;
 use crate::error::ConfigError;
@@ -344,8 +344,7 @@ impl Builder<Settings> {
             (None, None) => None,
             (Some(0), _) => return Err(ConfigError::new("the capacity must be at least 1")),
             (Some(cap), None) => {
-                // The epsilon keeps 0.29 × 100 at 29, not 28.999….
-                let limits = kind.shares.map(|s| (s * cap as f64 + 1e-9).floor() as u64);
+                let limits = kind.shares.map(|s| share_of(s, cap));
                 if let Some(p) = Priority::ALL.iter().find(|p| limits[p.index()] == 0) {
                     return Err(ConfigError::new(format!(
                         "a capacity of {cap} leaves {p} traffic no room at share {}: raise the \

@@ -108,9 +108,7 @@ impl Capacity {
     fn limit(&self, class: usize, share: f64) -> u64 {
         match self {
             Capacity::Fixed(_, limits) => limits[class],
-            Capacity::Adaptive { now, .. } => {
-                ((share * now.load(Ordering::Relaxed) as f64 + 1e-9).floor() as u64).max(1)
-            }
+            Capacity::Adaptive { now, .. } => share_of(share, now.load(Ordering::Relaxed)).max(1),
         }
     }
 
@@ -121,6 +119,12 @@ impl Capacity {
             Capacity::Adaptive { now, .. } => now.load(Ordering::Relaxed),
         }
     }
+}
+
+/// A class's room in `capacity`: `floor(share × capacity)`. The epsilon
+/// keeps 0.29 × 100 at 29, not 28.999….
+pub(crate) fn share_of(share: f64, capacity: u64) -> u64 {
+    (share * capacity as f64 + 1e-9).floor() as u64
 }
 
 /// A request counted in flight by the load shedder until dropped — at the end
