@@ -29,10 +29,13 @@
 //! `--concurrency N` caps each key's requests in flight (in the store chosen
 //! with `--store`), and `--shed-capacity N` sheds by the `x-priority` header
 //! (`critical`, `normal`, `low`, `test`) when N requests are in flight
-//! (`--adaptive`: with a capacity found from latency, starting at 20):
+//! (`--adaptive`: with a capacity found from latency, starting at 20).
+//! `--fleet-shed-capacity N` (with `--store redis`) sheds by the same header
+//! when the whole fleet has N requests in flight, counted in Redis:
 //!
 //! ```text
 //! cargo run --features redis --example demo -- --store redis --concurrency 2 --shed-capacity 20
+//! cargo run --features redis --example demo -- --store redis --fleet-shed-capacity 10
 //! ```
 
 #[path = "common/mod.rs"]
@@ -141,7 +144,7 @@ struct Args {
     /// Requests a key may have in flight at once (in the `--store`'s state; memory with `none`).
     #[arg(long)]
     concurrency: Option<u32>,
-    /// How long a concurrency slot counts if its instance dies without releasing it.
+    /// How long a concurrency or fleet shedder slot counts if its instance dies without releasing it.
     #[arg(long, default_value = "30s", value_parser = common::parse_duration)]
     lease: Duration,
     /// Shed requests by `x-priority` (critical, normal, low, test) with this many in flight.
@@ -151,6 +154,11 @@ struct Args {
     /// (starting at 20 in flight), instead of `--shed-capacity`.
     #[arg(long, conflicts_with = "shed_capacity")]
     adaptive: bool,
+    /// Shed requests by `x-priority` when the fleet (every instance on the
+    /// same Redis) has this many in flight. Needs `--store redis`; slots are
+    /// leased for `--lease`.
+    #[arg(long)]
+    fleet_shed_capacity: Option<u64>,
     /// `strict`: one store call per request; `coordinated`: local drops from
     /// fleet counts synced through Redis (needs `--store redis`).
     #[arg(long, value_enum, default_value_t = Mode::Strict)]
@@ -363,7 +371,8 @@ fn slot_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
     }
     if args.redis_url.len() > 1 {
         return Err(
-            "--concurrency keeps its slots in one Redis: use one --redis-url or --redis-cluster"
+            "--concurrency and --fleet-shed-capacity keep their slots in one Redis: use one \
+             --redis-url or --redis-cluster"
                 .into(),
         );
     }
@@ -489,15 +498,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .route("/rate_limit", get(rate_limit).with_state(layer));
     }
 
-    if args.shed_capacity.is_some() || args.adaptive {
+    if args.shed_capacity.is_some() || args.adaptive || args.fleet_shed_capacity.is_some() {
         let mut shed = LoadShedLayer::builder()
             .classify(priority)
             .shadow(args.shadow);
-        shed = match args.shed_capacity {
-            Some(capacity) => shed.capacity(capacity),
-            None => shed.adaptive(Adaptive::new()),
-        };
-        app = app.layer(shed.build()?);
+        if let Some(capacity) = args.shed_capacity {
+            shed = shed.capacity(capacity);
+        } else if args.adaptive {
+            shed = shed.adaptive(Adaptive::new());
+        }
+        if let Some(capacity) = args.fleet_shed_capacity {
+            if !matches!(args.store, StoreKind::Redis) {
+                return Err("--fleet-shed-capacity needs --store redis".into());
+            }
+            shed = shed
+                .name("fleet")
+                .fleet_capacity(capacity)
+                .lease(args.lease)
+                .on_store_error(on_store_error)
+                .store_timeout(args.store_timeout)
+                .store(slot_store(&args)?);
+        }
+        let shed = shed.build()?;
+        connect_or_warn(shed.connect().await);
+        app = app.layer(shed);
     }
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

@@ -52,6 +52,7 @@ mod problem;
 pub mod quota;
 pub mod rate;
 pub mod shed;
+mod slots;
 pub mod store;
 
 pub use body::{GuardedBody, ResponseBody};

@@ -59,6 +59,9 @@ pub(crate) struct Series {
     deny_cache: bool,
     /// Whether it counts requests in flight (`{prefix}_in_flight`).
     in_flight: bool,
+    /// Whether its decisions are counted here (`{prefix}_decisions_total`,
+    /// `{prefix}_shadow_rejections_total`), rather than by the middleware.
+    decisions: bool,
 }
 
 /// The rate limiter's series.
@@ -69,6 +72,7 @@ pub(crate) const RATE_LIMIT: Series = Series {
     off_path_total: "refunds_total",
     deny_cache: true,
     in_flight: false,
+    decisions: true,
 };
 
 /// The concurrency limiter's series.
@@ -79,6 +83,19 @@ pub(crate) const CONCURRENCY: Series = Series {
     off_path_total: "releases_total",
     deny_cache: false,
     in_flight: true,
+    decisions: true,
+};
+
+/// The fleet load shedder's store series: its decisions are counted per
+/// class by the shedder's own metrics.
+pub(crate) const FLEET_SHED: Series = Series {
+    prefix: "load_shed_fleet",
+    decide: "acquire",
+    off_path: "release",
+    off_path_total: "releases_total",
+    deny_cache: false,
+    in_flight: false,
+    decisions: false,
 };
 
 /// Handles shared by the store-backed limiters (the rate limiter and the
@@ -110,7 +127,13 @@ impl StoreMetrics {
     pub(crate) fn new(series: &Series, name: &str) -> Self {
         let p = series.prefix;
         let l = name.to_owned();
-        let decision = |outcome: &'static str| counter!(format!("{p}_decisions_total"), "limiter" => l.clone(), "outcome" => outcome);
+        let decision = |outcome: &'static str| {
+            if series.decisions {
+                counter!(format!("{p}_decisions_total"), "limiter" => l.clone(), "outcome" => outcome)
+            } else {
+                Counter::noop()
+            }
+        };
         let failure = |action: &'static str| counter!(format!("{p}_store_failure_decisions_total"), "limiter" => l.clone(), "action" => action);
         let duration = |op: &'static str| histogram!(format!("{p}_store_duration_seconds"), "limiter" => l.clone(), "op" => op);
         let off_path = |result: &'static str| counter!(format!("{p}_{}", series.off_path_total), "limiter" => l.clone(), "result" => result);
@@ -121,7 +144,11 @@ impl StoreMetrics {
             rejected: decision("rejected"),
             exempt: decision("exempt"),
             key_error: decision("key_error"),
-            shadow_rejected: counter!(format!("{p}_shadow_rejections_total"), "limiter" => l.clone()),
+            shadow_rejected: if series.decisions {
+                counter!(format!("{p}_shadow_rejections_total"), "limiter" => l.clone())
+            } else {
+                Counter::noop()
+            },
             decide_duration: duration(series.decide),
             off_path_duration: duration(series.off_path),
             fail_open: failure("open"),

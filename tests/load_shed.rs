@@ -7,11 +7,14 @@
 mod example;
 #[path = "support/http.rs"]
 mod http_support;
+#[path = "support/shed.rs"]
+mod shed_support;
 
 use axum::{http::StatusCode, routing::get, Router};
 use http::Request;
 use http_support::{HttpClient, Reply, TestServer};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use shed_support::{assert_shed, by_header, send};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -46,14 +49,6 @@ fn app(entered: mpsc::UnboundedSender<()>, gate: Arc<Semaphore>) -> Router {
         )
 }
 
-fn by_header(parts: &http::request::Parts) -> Priority {
-    parts
-        .headers
-        .get("x-priority")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-        .unwrap_or_default()
-}
-
 fn layer(name: &str, capacity: u64) -> LoadShedLayer {
     LoadShedLayer::builder()
         .name(name)
@@ -61,25 +56,6 @@ fn layer(name: &str, capacity: u64) -> LoadShedLayer {
         .classify(by_header)
         .build()
         .unwrap()
-}
-
-async fn send(c: &HttpClient, url: &str, class: Priority) -> Reply {
-    c.get_with(url, &[("x-priority", class.as_str().as_bytes())])
-        .await
-}
-
-fn assert_shed(r: &Reply, class: Priority) {
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
-    assert_eq!(r.header_u64("retry-after"), 1);
-    assert_eq!(r.header("content-type"), Some("application/problem+json"));
-    assert!(
-        r.body.contains(
-            r#""type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity""#
-        ),
-        "{}",
-        r.body
-    );
-    assert!(r.body.contains(class.as_str()), "{}", r.body);
 }
 
 async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {

@@ -5,9 +5,9 @@ use super::response::{default_rejection, ConcurrencyRejection};
 use super::service::ConcurrencyLimit;
 use crate::builder::Builder;
 use crate::error::ConfigError;
-use crate::failure::{Guard, OnStoreError};
 use crate::key::{Global, KeyExtractor};
-use crate::store::{MemoryStore, Namespace};
+use crate::metrics::CONCURRENCY;
+use crate::slots::Slots;
 use bytes::Bytes;
 use http::Response;
 use std::fmt;
@@ -15,10 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
-/// The default lease: how long a slot counts when its instance dies without
-/// releasing it. Above the request timeouts of most APIs; see
-/// [`ConcurrencyLimitLayerBuilder::lease`].
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+pub use crate::slots::DEFAULT_LEASE;
 
 /// Limits how many requests per key are in flight at once.
 ///
@@ -74,7 +71,7 @@ impl ConcurrencyLimitLayer {
     /// for them (see [`Store::connect`](crate::store::Store::connect)). On
     /// failure the layer still works, connecting on use.
     pub async fn connect(&self) -> Result<(), crate::StoreError> {
-        self.limiter.store.connect().await
+        self.limiter.slots.connect().await
     }
 
     /// Starts configuring a layer (named `"concurrency"` by default).
@@ -103,10 +100,10 @@ impl<S> Layer<S> for ConcurrencyLimitLayer {
 impl fmt::Debug for ConcurrencyLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimitLayer")
-            .field("name", &self.limiter.namespace.name())
+            .field("name", &self.limiter.slots.namespace.name())
             .field("limit", &self.limiter.limit)
-            .field("lease", &self.limiter.lease)
-            .field("on_store_error", &self.limiter.guard.policy)
+            .field("lease", &self.limiter.slots.lease)
+            .field("on_store_error", &self.limiter.slots.guard.policy)
             .finish_non_exhaustive()
     }
 }
@@ -213,55 +210,18 @@ impl Builder<Settings> {
             Some(0) => return Err(ConfigError::new("the concurrency limit must be at least 1")),
             Some(n) => u64::from(n),
         };
-        if kind.lease <= common.store_timeout {
-            return Err(ConfigError::new(format!(
-                "the lease ({:?}) must be longer than the store timeout ({:?}), and should \
-                 be longer than the slowest request",
-                kind.lease, common.store_timeout
-            )));
-        }
-        let store = common.store();
-        let backstop = crate::failure::backstop(&*store, common.store_timeout);
-        if !store.keeps_slots() {
-            return Err(ConfigError::new(
-                "this store keeps no concurrency slots (Store::keeps_slots): give the \
-                 concurrency limit a MemoryStore, a RedisStore or a ShardedStore of them",
-            ));
-        }
-        let fallback = match common.on_store_error {
-            OnStoreError::Local { fraction } => Some((
-                MemoryStore::new(),
-                ((limit as f64 * fraction).floor() as u64).max(1),
-            )),
-            _ => None,
-        };
-        let guard = Guard::new(
-            &common.name,
-            "concurrency",
-            common.on_store_error,
-            common.breaker,
-            1,
-            common.clock.clone(),
-        );
+        let slots = Slots::new(&common, "concurrency", &CONCURRENCY, kind.lease)?;
         Ok(ConcurrencyLimitLayer {
             limiter: Arc::new(Limiter {
-                namespace: Namespace::new(&common.name),
-                store,
-                clock: common.clock,
+                slots: Arc::new(slots),
                 key: kind.key,
                 limit,
-                lease: kind.lease,
                 headers: common.headers,
                 retry_after_secs: crate::headers::ceil_secs(kind.retry_after.as_millis() as u64)
                     .max(1),
                 on_rejection: kind.on_rejection,
                 on_key_error: common.on_key_error,
-                store_timeout: common.store_timeout,
-                backstop,
                 shadow: common.shadow,
-                guard,
-                fallback,
-                metrics: Default::default(),
             }),
         })
     }

@@ -62,7 +62,7 @@ impl<S: fmt::Debug> fmt::Debug for ConcurrencyLimit<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.limiter.namespace.name())
+            .field("limiter", &self.limiter.slots.namespace.name())
             .finish()
     }
 }

@@ -1,74 +1,65 @@
-//! [`ResponseFuture`]: a request the shedder admitted, or its 503.
+//! [`ResponseFuture`]: drives one request through the shedder's decision
+//! (at once, or after the fleet's count answers), then through the inner
+//! service.
 
-use super::shedder::Admission;
+use super::shedder::{Admission, Shedder};
 use super::ResponseBody;
 use crate::body::GuardedBody;
-use bytes::Bytes;
-use http::Response;
+use crate::later::Serve;
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_service::Service;
 
 pin_project! {
     /// The response future of [`LoadShed`](super::LoadShed). An admitted
     /// request counts in flight until this future is dropped, or — once it
     /// resolves — until its response body is done.
-    pub struct ResponseFuture<F> {
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
         #[pin]
-        kind: Kind<F>,
+        serve: Serve<S, B, Admission>,
     }
 }
 
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F> {
-        Inner { #[pin] fut: F, admission: Option<Admission> },
-        Shed { res: Option<Response<Bytes>> },
-    }
-}
-
-impl<F> ResponseFuture<F> {
-    pub(crate) fn inner(fut: F, admission: Admission) -> Self {
-        Self {
-            kind: Kind::Inner {
-                fut,
-                admission: Some(admission),
-            },
-        }
-    }
-
-    pub(crate) fn shed(res: Response<Bytes>) -> Self {
-        Self {
-            kind: Kind::Shed { res: Some(res) },
-        }
-    }
-}
-
-impl<F, B, E> Future for ResponseFuture<F>
+impl<S, B, ResBody> ResponseFuture<S, B>
 where
-    F: Future<Output = Result<Response<B>, E>>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
 {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    pub(crate) fn start(service: &mut S, shedder: &Arc<Shedder>, req: Request<B>) -> Self {
+        let (parts, body) = req.into_parts();
+        let verdict = shedder.admit(&parts);
+        let serve = Serve::start(service, verdict, Request::from_parts(parts, body), None);
+        ResponseFuture { serve }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Inner { fut, admission } => {
-                let result = ready!(fut.poll(cx));
-                // On an error the admission is dropped here: the request is over.
-                let admission = admission.take();
-                Poll::Ready(result.map(|res| res.map(|body| GuardedBody::inner(body, admission))))
-            }
-            KindProj::Shed { res } => {
-                let res = res.take().expect("ResponseFuture polled after completion");
-                Poll::Ready(Ok(res.map(GuardedBody::answer)))
-            }
-        }
+        // On an error the admission is dropped with the future: the request is over.
+        self.project().serve.poll_served(
+            cx,
+            |res, admission| res.map(|body| GuardedBody::inner(body, Some(admission))),
+            |res| res.map(GuardedBody::answer),
+        )
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -4,11 +4,15 @@ use super::adaptive::Adaptive;
 use super::priority::Priority;
 use super::service::LoadShed;
 use super::shedder::{
-    default_response, share_of, Capacity, ClassifyFn, Overloaded, ShedFn, Shedder, UtilisationFn,
+    default_response, share_of, Capacity, ClassifyFn, Fleet, Overloaded, ShedFn, Shedder,
+    UtilisationFn,
 };
 use crate::builder::Builder;
 use crate::error::ConfigError;
 use crate::failure::LogThrottle;
+use crate::metrics::FLEET_SHED;
+use crate::slots::Slots;
+use crate::slots::DEFAULT_LEASE;
 use bytes::Bytes;
 use http::request::Parts;
 use http::Response;
@@ -41,7 +45,9 @@ pub const DEFAULT_SHARES: [(Priority, f64); 4] = [
 /// Load is the number of requests in flight through this layer against a
 /// [`capacity`](LoadShedLayerBuilder::capacity), and/or a
 /// [`utilisation`](LoadShedLayerBuilder::utilisation) signal you supply.
-/// Process-local: it protects this instance's resources. Unlike
+/// Both count this process: they protect this instance's resources. A
+/// [`fleet_capacity`](LoadShedLayerBuilder::fleet_capacity) counts the whole
+/// fleet's requests in a store, for what the instances share. Unlike
 /// `tower::load_shed`, which refuses everything while the inner service is
 /// not ready, it decides per request by class.
 ///
@@ -74,6 +80,8 @@ impl LoadShedLayer {
             Settings {
                 capacity: None,
                 adaptive: None,
+                fleet_capacity: None,
+                lease: DEFAULT_LEASE,
                 utilisation: None,
                 classify: Arc::new(|_: &Parts| Priority::Normal),
                 shares: DEFAULT_SHARES.map(|(_, s)| s),
@@ -104,6 +112,28 @@ impl LoadShedLayer {
     pub fn capacity(&self) -> Option<u64> {
         self.shedder.capacity.as_ref().map(|c| c.now())
     }
+
+    /// The fleet's capacity in requests in flight, if one is configured
+    /// ([`fleet_capacity`](LoadShedLayerBuilder::fleet_capacity)).
+    ///
+    /// ```
+    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// assert_eq!(LoadShedLayer::builder().fleet_capacity(50).build().unwrap().fleet_capacity(), Some(50));
+    /// ```
+    pub fn fleet_capacity(&self) -> Option<u64> {
+        self.shedder.fleet.as_ref().map(|f| f.capacity)
+    }
+
+    /// Opens the store's connections now, so the first requests do not wait
+    /// for them (see [`Store::connect`](crate::store::Store::connect)). On
+    /// failure the layer still works, connecting on use. Without a fleet
+    /// capacity there is no store, and this does nothing.
+    pub async fn connect(&self) -> Result<(), crate::StoreError> {
+        match &self.shedder.fleet {
+            Some(fleet) => fleet.slots.connect().await,
+            None => Ok(()),
+        }
+    }
 }
 
 impl<S> Layer<S> for LoadShedLayer {
@@ -119,6 +149,7 @@ impl fmt::Debug for LoadShedLayer {
         f.debug_struct("LoadShedLayer")
             .field("name", &self.shedder.name)
             .field("capacity", &self.capacity())
+            .field("fleet_capacity", &self.fleet_capacity())
             .field("shares", &self.shedder.shares)
             .field("in_flight", &self.in_flight())
             .finish_non_exhaustive()
@@ -134,6 +165,8 @@ pub type LoadShedLayerBuilder = Builder<Settings>;
 pub struct Settings {
     capacity: Option<u64>,
     adaptive: Option<Adaptive>,
+    fleet_capacity: Option<u64>,
+    lease: Duration,
     utilisation: Option<Arc<UtilisationFn>>,
     classify: Arc<ClassifyFn>,
     shares: [f64; 4],
@@ -145,6 +178,7 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("capacity", &self.capacity)
+            .field("fleet_capacity", &self.fleet_capacity)
             .field("shares", &self.shares)
             .finish_non_exhaustive()
     }
@@ -183,6 +217,58 @@ impl Builder<Settings> {
     /// ```
     pub fn adaptive(mut self, adaptive: Adaptive) -> Self {
         self.kind.adaptive = Some(adaptive);
+        self
+    }
+
+    /// How many requests the whole fleet serves at once at full load: each
+    /// class may have `floor(share × capacity)` in flight across every
+    /// instance that shares the layer's [`store`](Builder::store) (a
+    /// `RedisStore`; with the default [`MemoryStore`](crate::store::MemoryStore)
+    /// it counts this process only).
+    ///
+    /// Each admitted request holds a leased slot under one key of the store
+    /// for as long as it runs: one acquire before the inner service is
+    /// called and one release, off the response path, when its response is
+    /// done. A request shed by this process's own
+    /// [`capacity`](Self::capacity) or [`utilisation`](Self::utilisation)
+    /// makes no store call. When the store fails, the layer's
+    /// [failure policy](Builder::on_store_error) decides (by default it
+    /// fails open), and `load_shed_fleet_store_failure_decisions_total`
+    /// counts it. A slot that is never released (a crashed instance) stops
+    /// counting when its [`lease`](Self::lease) ends.
+    ///
+    /// ```
+    /// use tower_ratelimit::shed::{LoadShedLayer, Priority};
+    /// use tower_ratelimit::store::MemoryStore;
+    /// let layer = LoadShedLayer::builder()
+    ///     .name("payments-fleet")
+    ///     .fleet_capacity(400) // with a RedisStore: the fleet's capacity
+    ///     .store(MemoryStore::new())
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(LoadShedLayer::builder().fleet_capacity(0).build().is_err());
+    /// ```
+    pub fn fleet_capacity(mut self, requests: u64) -> Self {
+        self.kind.fleet_capacity = Some(requests);
+        self
+    }
+
+    /// How long a fleet slot counts if it is never released (default
+    /// [`DEFAULT_LEASE`], 30 s). Choose it above the longest request: a
+    /// request that runs longer stops counting. Only with a
+    /// [`fleet_capacity`](Self::fleet_capacity).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// let layer = LoadShedLayer::builder()
+    ///     .fleet_capacity(100)
+    ///     .lease(Duration::from_secs(60))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.kind.lease = lease;
         self
     }
 
@@ -303,14 +389,19 @@ impl Builder<Settings> {
     pub fn build(self) -> Result<LoadShedLayer, ConfigError> {
         let Builder { common, kind } = self;
         common.check()?;
-        if common.store.is_some() {
+        if common.store.is_some() && kind.fleet_capacity.is_none() {
             return Err(ConfigError::new(
-                "the load shedder counts the requests of this process and calls no store",
+                "the load shedder uses a store only to count the fleet: call .fleet_capacity(n)",
             ));
         }
-        if kind.capacity.is_none() && kind.adaptive.is_none() && kind.utilisation.is_none() {
+        if kind.capacity.is_none()
+            && kind.adaptive.is_none()
+            && kind.utilisation.is_none()
+            && kind.fleet_capacity.is_none()
+        {
             return Err(ConfigError::new(
-                "no load signal: call .capacity(n) or .adaptive(..), and/or .utilisation(signal)",
+                "no load signal: call .capacity(n), .adaptive(..) or .fleet_capacity(n), \
+                 and/or .utilisation(signal)",
             ));
         }
         for (p, s) in Priority::ALL.iter().zip(kind.shares) {
@@ -342,18 +433,20 @@ impl Builder<Settings> {
                 None => Some(Capacity::adaptive(a)),
             },
             (None, None) => None,
-            (Some(0), _) => return Err(ConfigError::new("the capacity must be at least 1")),
-            (Some(cap), None) => {
-                let limits = kind.shares.map(|s| share_of(s, cap));
-                if let Some(p) = Priority::ALL.iter().find(|p| limits[p.index()] == 0) {
-                    return Err(ConfigError::new(format!(
-                        "a capacity of {cap} leaves {p} traffic no room at share {}: raise the \
-                         capacity or the share",
-                        kind.shares[p.index()]
-                    )));
-                }
-                Some(Capacity::Fixed(cap, limits))
-            }
+            (Some(cap), None) => Some(Capacity::Fixed(cap, limits("capacity", cap, kind.shares)?)),
+        };
+        let fleet = match kind.fleet_capacity {
+            None => None,
+            Some(cap) => Some(Fleet {
+                limits: limits("fleet capacity", cap, kind.shares)?,
+                capacity: cap,
+                slots: Arc::new(Slots::new(
+                    &common,
+                    "fleet load shedder",
+                    &FLEET_SHED,
+                    kind.lease,
+                )?),
+            }),
         };
         Ok(LoadShedLayer {
             shedder: Arc::new(Shedder {
@@ -362,6 +455,7 @@ impl Builder<Settings> {
                 capacity,
                 shares: kind.shares,
                 utilisation: kind.utilisation,
+                fleet,
                 in_flight: AtomicU64::new(0),
                 retry_after_secs: crate::headers::ceil_secs(kind.retry_after.as_millis() as u64)
                     .max(1),
@@ -371,5 +465,22 @@ impl Builder<Settings> {
                 metrics: Default::default(),
             }),
         })
+    }
+}
+
+/// The requests in flight each class may have in `capacity`, refusing a
+/// capacity that leaves a class none.
+fn limits(what: &str, capacity: u64, shares: [f64; 4]) -> Result<[u64; 4], ConfigError> {
+    if capacity == 0 {
+        return Err(ConfigError::new(format!("the {what} must be at least 1")));
+    }
+    let limits = shares.map(|s| share_of(s, capacity));
+    match Priority::ALL.iter().find(|p| limits[p.index()] == 0) {
+        Some(p) => Err(ConfigError::new(format!(
+            "a {what} of {capacity} leaves {p} traffic no room at share {}: raise the \
+             {what} or the share",
+            shares[p.index()]
+        ))),
+        None => Ok(limits),
     }
 }

@@ -31,7 +31,7 @@
 //! with [`LoadShedLayerBuilder::share`]. The count is exact: a class never has
 //! more than its share in flight, however many requests race.
 //!
-//! # Process-local, and how it combines with the fleet-wide rate limit
+//! # Per process, and how it combines with the fleet-wide rate limit
 //!
 //! The shedder protects *this instance's* resources (threads, memory, a
 //! database pool): its state is an atomic counter, it makes no network call,
@@ -58,9 +58,48 @@
 //!     .layer(LoadShedLayer::builder().capacity(200).build().unwrap()); // outermost
 //! ```
 //!
-//! A fleet-wide, coordinated shedder (instances sharing one view of fleet
-//! load) is planned; until then a [`utilisation`](LoadShedLayerBuilder::utilisation)
-//! signal can carry any load figure you compute, including a fleet-wide one.
+//! # Fleet-wide: a capacity for what the instances share
+//!
+//! With a [`fleet_capacity`](LoadShedLayerBuilder::fleet_capacity) and a
+//! `RedisStore`, the count is the fleet's: each admitted request holds a
+//! leased slot under one key in Redis (the concurrency limiter's slots, one
+//! `EVALSHA` to acquire and one, off the response path, to release), and a
+//! class of share `s` is admitted while fewer than `floor(s × capacity)` are
+//! held across every instance. It protects what the instances share — a
+//! database, a downstream API — and keeps its last part for critical
+//! traffic, however the balancer spreads the load.
+//!
+//! ```
+//! # #[cfg(feature = "redis")] {
+//! use tower_ratelimit::shed::LoadShedLayer;
+//! use tower_ratelimit::store::RedisStore;
+//! let fleet = LoadShedLayer::builder()
+//!     .name("ledger-db")
+//!     .capacity(200)       // this instance, counted in memory
+//!     .fleet_capacity(600) // every instance on this Redis
+//!     .store(RedisStore::new("redis://127.0.0.1:6379")?)
+//!     .build()?;
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - **Order.** This process's own capacity and utilisation are checked
+//!   first: a request they shed makes no store call.
+//! - **Cost.** Two Redis calls per admitted request, whatever the class; the
+//!   one key lives on one Redis node, so its load grows with the fleet's
+//!   request rate. Leased slots were chosen over coordinated counts (a sync
+//!   per interval): a count synced once a second cannot bound requests in
+//!   flight, which change within a request's lifetime.
+//! - **Failure.** When Redis fails, the layer's
+//!   [failure policy](crate::OnStoreError) decides: by default it fails open;
+//!   `Local { fraction }` gives each instance that fraction of each class's
+//!   fleet limit, counted in memory; `FailClosed` answers 503. The breaker
+//!   and the store timeout apply as for the other limiters.
+//! - **Leases.** A slot a crashed instance never gave back stops counting
+//!   when its [`lease`](LoadShedLayerBuilder::lease) ends (30 s by default).
+//!
+//! A [`utilisation`](LoadShedLayerBuilder::utilisation) signal can carry any
+//! other load figure you compute, including a fleet-wide one.
 //!
 //! # Metrics
 //!
@@ -72,6 +111,12 @@
 //! | `load_shed_shadow_total` | counter | `class` | would-be sheds admitted in shadow mode |
 //! | `load_shed_in_flight` | gauge | | requests in flight through the shedder |
 //! | `load_shed_utilisation` | gauge | | the utilisation signal's last reading |
+//! | `load_shed_capacity` | gauge | | where an adaptive capacity stands |
+//! | `load_shed_fleet_store_duration_seconds` | histogram | `op` = `acquire`, `release` | fleet store call latency |
+//! | `load_shed_fleet_store_errors_total` | counter | `kind` | fleet store failures |
+//! | `load_shed_fleet_store_failure_decisions_total` | counter | `action` = `open`, `closed`, `local` | requests decided by the failure policy |
+//! | `load_shed_fleet_breaker_state` | gauge | | 0 closed, 1 open, 2 half-open |
+//! | `load_shed_fleet_releases_total` | counter | `result` = `ok`, `failed` | fleet slots given back |
 
 mod adaptive;
 mod future;
@@ -81,6 +126,7 @@ mod priority;
 mod service;
 mod shedder;
 
+pub use crate::slots::DEFAULT_LEASE;
 pub use adaptive::Adaptive;
 pub use future::ResponseFuture;
 pub use layer::{LoadShedLayer, LoadShedLayerBuilder, Settings, DEFAULT_SHARES};

@@ -1,7 +1,7 @@
 //! [`LoadShed`]: the service the layer produces.
 
 use super::future::ResponseFuture;
-use super::shedder::{Shedder, Verdict};
+use super::shedder::Shedder;
 use super::ResponseBody;
 use http::{Request, Response};
 use std::fmt;
@@ -42,11 +42,11 @@ impl<S> LoadShed<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LoadShed<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Shedding is decided per request, by class, in `call`.
@@ -54,14 +54,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let (parts, body) = req.into_parts();
-        match self.shedder.admit(&parts) {
-            Verdict::Admitted(admission) => {
-                let fut = self.inner.call(Request::from_parts(parts, body));
-                ResponseFuture::inner(fut, admission)
-            }
-            Verdict::Shed(res) => ResponseFuture::shed(res),
-        }
+        ResponseFuture::start(&mut self.inner, &self.shedder, req)
     }
 }
 

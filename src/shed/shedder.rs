@@ -5,6 +5,9 @@ use super::adaptive::{Adaptive, Estimator};
 use super::metrics::Metrics;
 use super::priority::Priority;
 use crate::failure::{Log, LogThrottle};
+use crate::key::Key;
+use crate::later::Later;
+use crate::slots::{Held, Slots, Taken};
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::request::Parts;
@@ -24,8 +27,12 @@ pub(crate) type ShedFn = dyn Fn(&Overloaded) -> Response<Bytes> + Send + Sync;
 pub struct Overloaded {
     /// The request's class.
     pub priority: Priority,
-    /// Requests in flight through the shedder when it decided.
+    /// Requests in flight when it decided: through this process's shedder,
+    /// or across the fleet when [`fleet`](Self::fleet) is set.
     pub in_flight: u64,
+    /// Whether the fleet's count (a [`fleet_capacity`](super::LoadShedLayerBuilder::fleet_capacity)),
+    /// not this process's, shed the request.
+    pub fleet: bool,
     /// The utilisation signal's reading (0 to 1), if one is configured.
     pub utilisation: Option<f64>,
     /// Seconds the client is told to wait (`Retry-After`).
@@ -75,6 +82,8 @@ pub(crate) struct Shedder {
     /// The share of capacity or utilisation each class may use.
     pub(crate) shares: [f64; 4],
     pub(crate) utilisation: Option<Arc<UtilisationFn>>,
+    /// The fleet's capacity, counted in leased slots in a store.
+    pub(crate) fleet: Option<Fleet>,
     pub(crate) in_flight: AtomicU64,
     pub(crate) retry_after_secs: u64,
     pub(crate) on_shed: Arc<ShedFn>,
@@ -82,6 +91,19 @@ pub(crate) struct Shedder {
     pub(crate) log: LogThrottle,
     pub(crate) metrics: OnceLock<Metrics>,
 }
+
+/// A capacity for the whole fleet: requests in flight are leased slots under
+/// one key in the shedder's store, and a class of share `s` is admitted
+/// while fewer than `floor(s × capacity)` are held.
+pub(crate) struct Fleet {
+    pub(crate) slots: Arc<Slots>,
+    pub(crate) capacity: u64,
+    /// The slots each class may see held (by [`Priority::index`]).
+    pub(crate) limits: [u64; 4],
+}
+
+/// The one key of the fleet's slots, in the shedder's namespace.
+const FLEET_KEY: &str = "fleet";
 
 /// The capacity: fixed, or found from latency.
 pub(crate) enum Capacity {
@@ -131,12 +153,16 @@ pub(crate) fn share_of(share: f64, capacity: u64) -> u64 {
 /// of the response body, or when the request is dropped, fails or panics first.
 pub struct Admission {
     shedder: Arc<Shedder>,
-    /// When it started, for an adaptive capacity.
+    /// When it started, for an adaptive capacity (`None` once it is known
+    /// the request does not run).
     started: Option<Instant>,
+    /// Its slot in the fleet's count.
+    fleet: Option<Held>,
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
+        drop(self.fleet.take());
         let in_flight = self.shedder.in_flight.fetch_sub(1, Ordering::AcqRel);
         let m = self.shedder.metrics();
         m.in_flight.decrement(1);
@@ -159,13 +185,9 @@ impl fmt::Debug for Admission {
     }
 }
 
-/// What the shedder decided for one request.
-pub(crate) enum Verdict {
-    /// Run it, holding the admission until the response is done.
-    Admitted(Admission),
-    /// Answer with this 503; the inner service is not called.
-    Shed(Response<Bytes>),
-}
+/// What the shedder decided for one request: run it, holding the admission
+/// until the response is done, or answer with a 503.
+pub(crate) type Verdict = crate::later::Verdict<Admission>;
 
 /// Whether a class may start another request: below its share of the
 /// utilisation signal (if any) and, with a capacity, below its limit of
@@ -199,68 +221,164 @@ impl Shedder {
         Some(u)
     }
 
-    fn admission(self: &Arc<Self>) -> Admission {
-        let adaptive = matches!(self.capacity, Some(Capacity::Adaptive { .. }));
-        Admission {
-            shedder: self.clone(),
-            started: adaptive.then(Instant::now),
+    /// Classifies and decides: this process's capacity and utilisation
+    /// first (no store call for a request shed here), then the fleet's.
+    pub(crate) fn admit(self: &Arc<Self>, parts: &Parts) -> Later<Verdict> {
+        let class = (self.classify)(parts);
+        let grpc = crate::grpc::is_grpc(parts);
+        let (admission, would_shed) = match self.admit_here(class) {
+            Ok(admission) => (admission, false),
+            Err(refused) if self.shadow => (self.shadow_admit(class, &refused), true),
+            Err(refused) => return Later::Now(Verdict::Answer(self.shed(class, grpc, refused))),
+        };
+        let Some(fleet) = &self.fleet else {
+            return Later::Now(self.admitted(class, admission));
+        };
+        let limit = fleet.limits[class.index()];
+        match fleet.slots.take(Key::new(FLEET_KEY), limit) {
+            Later::Now(taken) => {
+                Later::Now(self.fleet_verdict(class, grpc, admission, would_shed, taken))
+            }
+            Later::Pending(taken) => {
+                let this = self.clone();
+                Later::pending(async move {
+                    this.fleet_verdict(class, grpc, admission, would_shed, taken.await)
+                })
+            }
         }
     }
 
-    /// Classifies and decides, counting the request in if it runs.
-    pub(crate) fn admit(self: &Arc<Self>, parts: &Parts) -> Verdict {
-        let class = (self.classify)(parts);
+    /// Takes a place in this process's count if the class is below its
+    /// share of the capacity and of the utilisation signal.
+    fn admit_here(self: &Arc<Self>, class: Priority) -> Result<Admission, Refused> {
         let i = class.index();
         let share = self.shares[i];
         let limit = self.capacity.as_ref().map(|c| c.limit(i, share));
         let utilisation = self.read_utilisation();
-        let m = self.metrics();
         // Check and count in one step, so concurrent requests never overshoot a class's limit.
         let taken = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 admits(share, utilisation, limit, n).then_some(n + 1)
             });
-        let in_flight = match taken {
-            Ok(_) => {
-                m.admitted[i].increment(1);
-                m.in_flight.increment(1);
-                return Verdict::Admitted(self.admission());
-            }
-            Err(n) => n,
-        };
-        if self.shadow {
-            m.shadow_shed[i].increment(1);
-            self.log.event(Log::Rejected, || {
-                tracing::info!(shedder = %self.name, class = class.as_str(), in_flight, "load shedder would shed (shadow mode: admitted)");
-            });
-            self.in_flight.fetch_add(1, Ordering::AcqRel);
-            m.in_flight.increment(1);
-            return Verdict::Admitted(self.admission());
+        match taken {
+            Ok(_) => Ok(self.admission()),
+            Err(in_flight) => Err(Refused {
+                in_flight,
+                utilisation,
+                fleet: false,
+            }),
         }
-        m.shed[i].increment(1);
+    }
+
+    /// Counts in a request this process would have shed (shadow mode).
+    fn shadow_admit(self: &Arc<Self>, class: Priority, refused: &Refused) -> Admission {
+        self.shadow_shed(class, refused);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.admission()
+    }
+
+    fn shadow_shed(&self, class: Priority, refused: &Refused) {
+        self.metrics().shadow_shed[class.index()].increment(1);
+        let (in_flight, fleet) = (refused.in_flight, refused.fleet);
         self.log.event(Log::Rejected, || {
-            tracing::warn!(shedder = %self.name, class = class.as_str(), in_flight, ?utilisation, "overloaded: shedding requests");
+            tracing::info!(shedder = %self.name, class = class.as_str(), in_flight, fleet, "load shedder would shed (shadow mode: admitted)");
+        });
+    }
+
+    fn admission(self: &Arc<Self>) -> Admission {
+        let adaptive = matches!(self.capacity, Some(Capacity::Adaptive { .. }));
+        self.metrics().in_flight.increment(1);
+        Admission {
+            shedder: self.clone(),
+            started: adaptive.then(Instant::now),
+            fleet: None,
+        }
+    }
+
+    fn admitted(&self, class: Priority, admission: Admission) -> Verdict {
+        self.metrics().admitted[class.index()].increment(1);
+        Verdict::Forward(admission)
+    }
+
+    /// Acts on the fleet's answer for a request this process admitted.
+    fn fleet_verdict(
+        &self,
+        class: Priority,
+        grpc: bool,
+        mut admission: Admission,
+        would_shed: bool,
+        taken: Taken,
+    ) -> Verdict {
+        match taken {
+            Taken::Held(held) | Taken::Open(held) => {
+                admission.fleet = Some(held);
+                self.admitted(class, admission)
+            }
+            Taken::Full {
+                held, in_flight, ..
+            } => {
+                let refused = Refused {
+                    in_flight,
+                    utilisation: None,
+                    fleet: true,
+                };
+                if self.shadow {
+                    if !would_shed {
+                        self.shadow_shed(class, &refused);
+                    }
+                    admission.fleet = Some(held);
+                    return self.admitted(class, admission);
+                }
+                // It never ran: no latency sample.
+                admission.started = None;
+                Verdict::Answer(self.shed(class, grpc, refused))
+            }
+            Taken::Unavailable => {
+                admission.started = None;
+                Verdict::Answer(crate::problem::unavailable(
+                    grpc,
+                    self.retry_after_secs,
+                    "the load shedder cannot reach its store",
+                ))
+            }
+        }
+    }
+
+    /// Counts, logs and answers a shed request.
+    fn shed(&self, class: Priority, grpc: bool, refused: Refused) -> Response<Bytes> {
+        self.metrics().shed[class.index()].increment(1);
+        let Refused {
+            in_flight,
+            utilisation,
+            fleet,
+        } = refused;
+        self.log.event(Log::Rejected, || {
+            tracing::warn!(shedder = %self.name, class = class.as_str(), in_flight, ?utilisation, fleet, "overloaded: shedding requests");
         });
         let o = Overloaded {
             priority: class,
             in_flight,
+            fleet,
             utilisation,
             retry_after_secs: self.retry_after_secs,
         };
-        if crate::grpc::is_grpc(parts) {
+        if grpc {
             // `UNAVAILABLE` with a retry pushback: gRPC clients retry it.
-            return Verdict::Shed(crate::problem::unavailable(
-                true,
-                self.retry_after_secs,
-                &o.detail(),
-            ));
+            return crate::problem::unavailable(true, self.retry_after_secs, &o.detail());
         }
         let mut res = (self.on_shed)(&o);
         res.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs));
-        Verdict::Shed(res)
+        res
     }
+}
+
+/// Why a request was refused: the count that was full, and the signal.
+struct Refused {
+    in_flight: u64,
+    utilisation: Option<f64>,
+    fleet: bool,
 }
 
 #[cfg(test)]
