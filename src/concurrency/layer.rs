@@ -145,7 +145,7 @@ impl Builder<Settings> {
     /// have more than the limit in flight. Choose a lease above the longest
     /// request (bound requests with a timeout inside this layer); renewal would
     /// cost a store round trip per lease period per running request. Ignored by
-    /// [`MemoryStore`]: a process's memory dies with it.
+    /// [`MemoryStore`](crate::store::MemoryStore): a process's memory dies with it.
     ///
     /// ```
     /// use std::time::Duration;
