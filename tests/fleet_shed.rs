@@ -20,7 +20,7 @@ use http::Request;
 use http_support::{HttpClient, TestServer};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redis_support::{assert_every_key_has_a_ttl, pick_free_port, require_redis, RedisServer};
-use shed_support::{assert_shed, by_header, send};
+use shed_support::{assert_shed, by_header, eventually, send, snapshotter};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -100,27 +100,6 @@ fn fleet_key(server: &RedisServer, name: &str) -> String {
     RedisStore::new(server.url())
         .unwrap()
         .slots_key(&Namespace::new(name), &Key::new("fleet"))
-}
-
-async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// One process-wide recorder; tests tell their series apart by limiter name.
-fn snapshotter() -> &'static Snapshotter {
-    static S: OnceLock<Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let s = recorder.snapshotter();
-        recorder
-            .install()
-            .expect("no other recorder in this test binary");
-        s
-    })
 }
 
 /// Every counter of `limiter` since the last snapshot (a snapshot drains

@@ -14,7 +14,7 @@ use axum::{http::StatusCode, routing::get, Router};
 use http::Request;
 use http_support::{HttpClient, Reply, TestServer};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use shed_support::{assert_shed, by_header, send};
+use shed_support::{assert_shed, by_header, eventually, send, snapshotter};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -58,14 +58,6 @@ fn layer(name: &str, capacity: u64) -> LoadShedLayer {
         .unwrap()
 }
 
-async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 /// A small deterministic generator (xorshift64*): the same overload every run.
 struct Rng(u64);
 
@@ -80,19 +72,6 @@ impl Rng {
     fn class(&mut self) -> Priority {
         Priority::ALL[(self.next() % 4) as usize]
     }
-}
-
-/// One process-wide recorder; tests tell their series apart by limiter name.
-fn snapshotter() -> &'static Snapshotter {
-    static S: OnceLock<Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let s = recorder.snapshotter();
-        recorder
-            .install()
-            .expect("no other recorder in this test binary");
-        s
-    })
 }
 
 /// `load_shed_decisions_total` of `limiter` by (class, outcome).

@@ -5,7 +5,7 @@ use super::priority::Priority;
 use super::service::LoadShed;
 use super::shedder::{
     default_response, share_of, Capacity, ClassifyFn, Fleet, Overloaded, ShedFn, Shedder,
-    UtilisationFn,
+    UtilisationFn, FLEET_KEY,
 };
 use crate::builder::Builder;
 use crate::error::ConfigError;
@@ -440,6 +440,7 @@ impl Builder<Settings> {
             Some(cap) => Some(Fleet {
                 limits: limits("fleet capacity", cap, kind.shares)?,
                 capacity: cap,
+                key: crate::key::Key::new(FLEET_KEY),
                 slots: Arc::new(Slots::new(
                     &common,
                     "fleet load shedder",

@@ -97,13 +97,15 @@ pub(crate) struct Shedder {
 /// while fewer than `floor(s × capacity)` are held.
 pub(crate) struct Fleet {
     pub(crate) slots: Arc<Slots>,
+    /// The one key of the fleet's slots, in the shedder's namespace.
+    pub(crate) key: Key,
     pub(crate) capacity: u64,
     /// The slots each class may see held (by [`Priority::index`]).
     pub(crate) limits: [u64; 4],
 }
 
 /// The one key of the fleet's slots, in the shedder's namespace.
-const FLEET_KEY: &str = "fleet";
+pub(crate) const FLEET_KEY: &str = "fleet";
 
 /// The capacity: fixed, or found from latency.
 pub(crate) enum Capacity {
@@ -235,7 +237,7 @@ impl Shedder {
             return Later::Now(self.admitted(class, admission));
         };
         let limit = fleet.limits[class.index()];
-        match fleet.slots.take(Key::new(FLEET_KEY), limit) {
+        match fleet.slots.take(fleet.key, limit) {
             Later::Now(taken) => {
                 Later::Now(self.fleet_verdict(class, grpc, admission, would_shed, taken))
             }
