@@ -18,13 +18,13 @@ mod shed_support;
 use axum::{http::StatusCode, routing::get, Router};
 use http::Request;
 use http_support::{HttpClient, TestServer};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebugValue;
 use redis_support::{assert_every_key_has_a_ttl, pick_free_port, require_redis, RedisServer};
 use shed_support::{assert_shed, by_header, eventually, send, snapshotter};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
@@ -301,7 +301,21 @@ async fn a_redis_that_is_down_fails_open_by_default_and_counts_it_and_other_poli
     while let Some(s) = running.join_next().await {
         assert_eq!(s.unwrap(), StatusCode::OK);
     }
-    let counted = counters("fleet-down-open");
+    // Each request's slot release (spawned when it ended) fails too, and counts
+    // a store error of its own: gather counters until all five have.
+    let mut counted: HashMap<String, u64> = HashMap::new();
+    let released = "load_shed_fleet_releases_total{result=failed}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while counted.get(released) != Some(&5) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "releases never failed: {counted:?}"
+        );
+        for (k, n) in counters("fleet-down-open") {
+            *counted.entry(k).or_default() += n;
+        }
+        tokio::task::yield_now().await;
+    }
     let open = "load_shed_fleet_store_failure_decisions_total{action=open}";
     assert_eq!(counted.get(open), Some(&5), "{counted:?}");
     let errors: u64 = counted
@@ -309,7 +323,11 @@ async fn a_redis_that_is_down_fails_open_by_default_and_counts_it_and_other_poli
         .filter(|(k, _)| k.starts_with("load_shed_fleet_store_errors_total"))
         .map(|(_, n)| n)
         .sum();
-    assert_eq!(errors, 5, "{counted:?}");
+    assert_eq!(
+        errors,
+        5 + 5,
+        "five acquires and five releases: {counted:?}"
+    );
     assert_eq!(
         counted.get("load_shed_decisions_total{class=low,outcome=admitted}"),
         Some(&5)
