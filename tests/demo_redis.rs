@@ -31,6 +31,11 @@ fn demo(store_args: &[&str]) -> Running {
         "header:x-client",
         "--on-store-error",
         "closed",
+        // These tests check where the state lands, not how fast: six demos
+        // start at once on a small machine, debug builds, and a first call
+        // there can take longer than the default 50 ms budget.
+        "--store-timeout",
+        "2s",
         "--store",
         "redis",
     ];
