@@ -34,6 +34,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod adaptive;
 mod algorithm;
 mod body;
 mod bounded;

@@ -57,7 +57,8 @@ pub(crate) struct Series {
     off_path_total: &'static str,
     /// Whether the limiter has a deny cache (`{prefix}_deny_cache_hits_total`).
     deny_cache: bool,
-    /// Whether it counts requests in flight (`{prefix}_in_flight`).
+    /// Whether it counts requests in flight (`{prefix}_in_flight`, and an
+    /// adaptive limit's `{prefix}_limit`).
     in_flight: bool,
     /// Whether its decisions are counted here (`{prefix}_decisions_total`,
     /// `{prefix}_shadow_rejections_total`), rather than by the middleware.
@@ -121,6 +122,8 @@ pub(crate) struct StoreMetrics {
     pub(crate) deny_cache_hits: Counter,
     /// Requests in flight (a no-op handle for a limiter that does not count them).
     pub(crate) in_flight: Gauge,
+    /// Where an adaptive limit stands (registered with `in_flight`).
+    pub(crate) limit: Gauge,
 }
 
 impl StoreMetrics {
@@ -164,6 +167,11 @@ impl StoreMetrics {
             },
             in_flight: if series.in_flight {
                 gauge!(format!("{p}_in_flight"), "limiter" => l.clone())
+            } else {
+                Gauge::noop()
+            },
+            limit: if series.in_flight {
+                gauge!(format!("{p}_limit"), "limiter" => l.clone())
             } else {
                 Gauge::noop()
             },
@@ -260,6 +268,7 @@ mod tests {
                 "concurrency_decisions_total{outcome=key_error}",
                 "concurrency_decisions_total{outcome=rejected}",
                 "concurrency_in_flight{}",
+                "concurrency_limit{}",
                 "concurrency_releases_total{result=failed}",
                 "concurrency_releases_total{result=ok}",
                 "concurrency_shadow_rejections_total{}",

@@ -78,6 +78,9 @@ pub(crate) struct Held {
     in_fallback: bool,
     /// Counted in the limiter's in-flight gauge.
     counted: bool,
+    /// The slots the store counted for the key when it gave this one,
+    /// itself included (unknown when the store failed open).
+    in_flight: Option<u64>,
 }
 
 impl Slots {
@@ -157,6 +160,7 @@ impl Slots {
             in_store: false,
             in_fallback: false,
             counted: false,
+            in_flight: None,
         };
         let permit = match self.guard.admit(0, self.metrics()) {
             Ok(permit) => permit,
@@ -193,7 +197,10 @@ impl Slots {
         }
         self.guard.record(permit, &result, m);
         match result {
-            Ok(o) if o.acquired => Taken::Held(held),
+            Ok(o) if o.acquired => {
+                held.in_flight = Some(o.in_flight);
+                Taken::Held(held)
+            }
             Ok(o) => {
                 held.in_store = false;
                 Taken::Full {
@@ -221,6 +228,7 @@ impl Slots {
                 {
                     Some(Ok(o)) if o.acquired => {
                         held.in_fallback = true;
+                        held.in_flight = Some(o.in_flight);
                         Taken::Open(held)
                     }
                     Some(Ok(o)) => Taken::Full {
@@ -299,6 +307,17 @@ impl Held {
     /// The slot's id.
     pub(crate) fn id(&self) -> SlotId {
         self.id
+    }
+
+    /// The slots the store counted for the key when it gave this one,
+    /// itself included; `None` when the store failed open.
+    pub(crate) fn in_flight(&self) -> Option<u64> {
+        self.in_flight
+    }
+
+    /// The limiter's metrics.
+    pub(crate) fn metrics(&self) -> &StoreMetrics {
+        self.slots.metrics()
     }
 }
 

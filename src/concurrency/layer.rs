@@ -1,8 +1,9 @@
 //! [`ConcurrencyLimitLayer`] and its builder.
 
-use super::limiter::{Limiter, RejectionFn};
+use super::limiter::{Limit, Limiter, RejectionFn};
 use super::response::{default_rejection, ConcurrencyRejection};
 use super::service::ConcurrencyLimit;
+use crate::adaptive::{Adaptive, AdaptiveLimit};
 use crate::builder::Builder;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
@@ -50,6 +51,7 @@ pub type ConcurrencyLimitLayerBuilder = Builder<Settings>;
 /// The concurrency limiter's own options, set through [`ConcurrencyLimitLayerBuilder`].
 pub struct Settings {
     limit: Option<u32>,
+    adaptive: Option<Adaptive>,
     key: Arc<dyn KeyExtractor>,
     lease: Duration,
     retry_after: Duration,
@@ -60,6 +62,7 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("limit", &self.limit)
+            .field("adaptive", &self.adaptive)
             .field("lease", &self.lease)
             .field("retry_after", &self.retry_after)
             .finish_non_exhaustive()
@@ -80,12 +83,27 @@ impl ConcurrencyLimitLayer {
             "concurrency",
             Settings {
                 limit: None,
+                adaptive: None,
                 key: Arc::new(Global),
                 lease: DEFAULT_LEASE,
                 retry_after: Duration::from_secs(1),
                 on_rejection: Arc::new(default_rejection),
             },
         )
+    }
+}
+
+impl ConcurrencyLimitLayer {
+    /// The requests a key may have in flight now: the configured limit, or
+    /// where an [`adaptive`](ConcurrencyLimitLayerBuilder::adaptive) one stands.
+    ///
+    /// ```
+    /// use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// let layer = ConcurrencyLimitLayer::builder().limit(5).build().unwrap();
+    /// assert_eq!(layer.limit(), 5);
+    /// ```
+    pub fn limit(&self) -> u64 {
+        self.limiter.limit.now()
     }
 }
 
@@ -109,7 +127,8 @@ impl fmt::Debug for ConcurrencyLimitLayer {
 }
 
 impl Builder<Settings> {
-    /// Requests a key may have in flight at once (required, at least 1).
+    /// Requests a key may have in flight at once (at least 1). A layer has
+    /// this limit or an [`adaptive`](Self::adaptive) one.
     ///
     /// ```
     /// use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
@@ -118,6 +137,33 @@ impl Builder<Settings> {
     /// ```
     pub fn limit(mut self, limit: u32) -> Self {
         self.kind.limit = Some(limit);
+        self
+    }
+
+    /// A limit found from latency instead of set by hand, within bounds:
+    /// see [`Adaptive`]. Each process moves it with the latency of the
+    /// requests it admits (from its slot to the end of the response body),
+    /// and applies it to every key.
+    ///
+    /// It suits one key, or a few that share a backend: the limit is what
+    /// that backend takes at once. With a `RedisStore` it bounds the fleet's
+    /// requests per key, and each process finds its own value of it from
+    /// the same backend's latency (a gauge, `concurrency_limit`, shows
+    /// where it stands).
+    ///
+    /// ```
+    /// use tower_ratelimit::concurrency::{Adaptive, ConcurrencyLimitLayer};
+    /// let layer = ConcurrencyLimitLayer::builder()
+    ///     .adaptive(Adaptive::new().initial(10).min(2).max(100))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.limit(), 10);
+    /// // A fixed limit and an adaptive one are exclusive.
+    /// let both = ConcurrencyLimitLayer::builder().limit(5).adaptive(Adaptive::new()).build();
+    /// assert!(both.is_err());
+    /// ```
+    pub fn adaptive(mut self, adaptive: Adaptive) -> Self {
+        self.kind.adaptive = Some(adaptive);
         self
     }
 
@@ -201,14 +247,25 @@ impl Builder<Settings> {
     pub fn build(self) -> Result<ConcurrencyLimitLayer, ConfigError> {
         let Builder { common, kind } = self;
         common.check()?;
-        let limit = match kind.limit {
-            None => {
+        let limit = match (kind.limit, kind.adaptive) {
+            (None, None) => {
                 return Err(ConfigError::new(
-                    "no concurrency limit configured: call .limit(n)",
+                    "no concurrency limit configured: call .limit(n) or .adaptive(..)",
                 ))
             }
-            Some(0) => return Err(ConfigError::new("the concurrency limit must be at least 1")),
-            Some(n) => u64::from(n),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "a concurrency limit is fixed (.limit) or adaptive (.adaptive), not both",
+                ))
+            }
+            (Some(0), None) => {
+                return Err(ConfigError::new("the concurrency limit must be at least 1"))
+            }
+            (Some(n), None) => Limit::Fixed(u64::from(n)),
+            (None, Some(a)) => match a.problem() {
+                Some(problem) => return Err(ConfigError::new(problem)),
+                None => Limit::Adaptive(Arc::new(AdaptiveLimit::new(a))),
+            },
         };
         let slots = Slots::new(&common, "concurrency", &CONCURRENCY, kind.lease)?;
         Ok(ConcurrencyLimitLayer {

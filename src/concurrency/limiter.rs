@@ -3,6 +3,7 @@
 //! [`Slot`] a request holds until it ends.
 
 use super::response::{self, ConcurrencyRejection};
+use crate::adaptive::AdaptiveLimit;
 use crate::builder::KeyErrorFn;
 use crate::failure::Log;
 use crate::grpc;
@@ -17,6 +18,7 @@ use http::request::Parts;
 use http::Response;
 use std::fmt;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 pub(crate) type RejectionFn = dyn Fn(&ConcurrencyRejection<'_>) -> Response<Bytes> + Send + Sync;
 
@@ -24,12 +26,29 @@ pub(crate) struct Limiter {
     /// The slots, their store and its failure handling.
     pub(crate) slots: Arc<Slots>,
     pub(crate) key: Arc<dyn KeyExtractor>,
-    pub(crate) limit: u64,
+    pub(crate) limit: Limit,
     pub(crate) headers: HeaderStyle,
     pub(crate) retry_after_secs: u64,
     pub(crate) on_rejection: Arc<RejectionFn>,
     pub(crate) on_key_error: Arc<KeyErrorFn>,
     pub(crate) shadow: bool,
+}
+
+/// The slots a key may hold: fixed, or found from latency.
+#[derive(Debug)]
+pub(crate) enum Limit {
+    Fixed(u64),
+    Adaptive(Arc<AdaptiveLimit>),
+}
+
+impl Limit {
+    /// The limit now.
+    pub(crate) fn now(&self) -> u64 {
+        match self {
+            Limit::Fixed(n) => *n,
+            Limit::Adaptive(a) => a.now(),
+        }
+    }
 }
 
 /// What happens to a request: forwarded holding its slot (none when
@@ -44,6 +63,25 @@ pub(crate) type Verdict = crate::later::Verdict<Option<Slot>>;
 /// to expire with its lease.
 pub struct Slot {
     held: Held,
+    /// What an adaptive limit learns from this request when it ends.
+    sample: Option<Sample>,
+}
+
+/// An admitted request's part in an adaptive limit: when it started, and
+/// how many of its key's slots were held then.
+struct Sample {
+    limit: Arc<AdaptiveLimit>,
+    started: Instant,
+    in_flight: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(s) = self.sample.take() {
+            let limit = s.limit.sample(s.started.elapsed(), s.in_flight);
+            self.held.metrics().limit.set(limit as f64);
+        }
+    }
 }
 
 impl Limiter {
@@ -69,7 +107,7 @@ impl Limiter {
                 return Later::Now(Verdict::Answer(res));
             }
         };
-        match self.slots.take(key, self.limit) {
+        match self.slots.take(key, self.limit.now()) {
             Later::Now(taken) => Later::Now(self.verdict(taken, grpc)),
             Later::Pending(taken) => {
                 let this = self.clone();
@@ -81,15 +119,11 @@ impl Limiter {
     /// Acts on what the store (or the failure policy) said.
     fn verdict(&self, taken: Taken, grpc: bool) -> Verdict {
         match taken {
-            Taken::Held(mut held) => {
+            Taken::Held(held) => {
                 self.metrics().allowed.increment(1);
-                held.count();
-                Verdict::Forward(Some(Slot { held }))
+                Verdict::Forward(Some(self.slot(held)))
             }
-            Taken::Open(mut held) => {
-                held.count();
-                Verdict::Forward(Some(Slot { held }))
-            }
+            Taken::Open(held) => Verdict::Forward(Some(self.slot(held))),
             Taken::Full {
                 held,
                 in_flight,
@@ -103,7 +137,7 @@ impl Limiter {
         }
     }
 
-    fn reject(&self, mut held: Held, grpc: bool, in_flight: u64, limit: u64) -> Verdict {
+    fn reject(&self, held: Held, grpc: bool, in_flight: u64, limit: u64) -> Verdict {
         let m = self.metrics();
         let name = self.slots.namespace.name();
         if self.shadow {
@@ -117,8 +151,7 @@ impl Limiter {
                     "concurrency limit would reject (shadow mode: admitted)"
                 );
             });
-            held.count();
-            return Verdict::Forward(Some(Slot { held }));
+            return Verdict::Forward(Some(self.slot(held)));
         }
         m.rejected.increment(1);
         self.slots.guard.log.event(Log::Rejected, || {
@@ -138,6 +171,21 @@ impl Limiter {
         };
         response::apply(self.headers, &r, res.headers_mut());
         Verdict::Answer(res)
+    }
+
+    /// The slot of a request that runs, counted in flight, and timed for
+    /// an adaptive limit when the store said how many ran beside it.
+    fn slot(&self, mut held: Held) -> Slot {
+        held.count();
+        let sample = match (&self.limit, held.in_flight()) {
+            (Limit::Adaptive(limit), Some(in_flight)) => Some(Sample {
+                limit: limit.clone(),
+                started: Instant::now(),
+                in_flight,
+            }),
+            _ => None,
+        };
+        Slot { held, sample }
     }
 }
 

@@ -81,6 +81,7 @@
 //! | `concurrency_decisions_total` | counter | `outcome` = `allowed`, `rejected`, `exempt`, `key_error` | requests by outcome |
 //! | `concurrency_shadow_rejections_total` | counter | | would-be rejections admitted in shadow mode |
 //! | `concurrency_in_flight` | gauge | | requests this process admitted that are still running |
+//! | `concurrency_limit` | gauge | | where an adaptive limit stands, in this process |
 //! | `concurrency_store_duration_seconds` | histogram | `op` = `acquire`, `release` | store call latency (network stores) |
 //! | `concurrency_store_errors_total` | counter | `kind` | store failures |
 //! | `concurrency_store_failure_decisions_total` | counter | `action` = `open`, `closed`, `local` | requests decided by the failure policy |
@@ -93,6 +94,7 @@ mod limiter;
 mod response;
 mod service;
 
+pub use crate::adaptive::Adaptive;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder, Settings, DEFAULT_LEASE};
 pub use limiter::Slot;

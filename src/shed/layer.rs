@@ -1,12 +1,12 @@
 //! [`LoadShedLayer`] and its builder.
 
-use super::adaptive::Adaptive;
 use super::priority::Priority;
 use super::service::LoadShed;
 use super::shedder::{
     default_response, share_of, Capacity, ClassifyFn, Fleet, Overloaded, ShedFn, Shedder,
     UtilisationFn, FLEET_KEY,
 };
+use crate::adaptive::Adaptive;
 use crate::builder::Builder;
 use crate::error::ConfigError;
 use crate::failure::LogThrottle;

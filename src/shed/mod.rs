@@ -118,7 +118,6 @@
 //! | `load_shed_fleet_breaker_state` | gauge | | 0 closed, 1 open, 2 half-open |
 //! | `load_shed_fleet_releases_total` | counter | `result` = `ok`, `failed` | fleet slots given back |
 
-mod adaptive;
 mod future;
 mod layer;
 mod metrics;
@@ -126,8 +125,8 @@ mod priority;
 mod service;
 mod shedder;
 
+pub use crate::adaptive::Adaptive;
 pub use crate::slots::DEFAULT_LEASE;
-pub use adaptive::Adaptive;
 pub use future::ResponseFuture;
 pub use layer::{LoadShedLayer, LoadShedLayerBuilder, Settings, DEFAULT_SHARES};
 pub use priority::{ParsePriorityError, Priority};

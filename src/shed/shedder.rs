@@ -1,9 +1,9 @@
 //! The shedder every clone of a layer shares, and the [`Admission`] guard
 //! that counts a request in flight until its response is done.
 
-use super::adaptive::{Adaptive, Estimator};
 use super::metrics::Metrics;
 use super::priority::Priority;
+use crate::adaptive::{Adaptive, AdaptiveLimit};
 use crate::failure::{Log, LogThrottle};
 use crate::key::Key;
 use crate::later::Later;
@@ -14,7 +14,7 @@ use http::request::Parts;
 use http::{HeaderValue, Response};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use tokio::time::Instant;
 
 pub(crate) type ClassifyFn = dyn Fn(&Parts) -> Priority + Send + Sync;
@@ -113,18 +113,12 @@ pub(crate) enum Capacity {
     /// [`Priority::index`]).
     Fixed(u64, [u64; 4]),
     /// Moved by each admitted request's latency.
-    Adaptive {
-        estimator: Mutex<Estimator>,
-        now: AtomicU64,
-    },
+    Adaptive(AdaptiveLimit),
 }
 
 impl Capacity {
     pub(crate) fn adaptive(cfg: Adaptive) -> Self {
-        Capacity::Adaptive {
-            now: AtomicU64::new(cfg.initial),
-            estimator: Mutex::new(Estimator::new(cfg)),
-        }
+        Capacity::Adaptive(AdaptiveLimit::new(cfg))
     }
 
     /// The requests in flight a class of `share` may have now (with an
@@ -132,7 +126,7 @@ impl Capacity {
     fn limit(&self, class: usize, share: f64) -> u64 {
         match self {
             Capacity::Fixed(_, limits) => limits[class],
-            Capacity::Adaptive { now, .. } => share_of(share, now.load(Ordering::Relaxed)).max(1),
+            Capacity::Adaptive(a) => share_of(share, a.now()).max(1),
         }
     }
 
@@ -140,7 +134,7 @@ impl Capacity {
     pub(crate) fn now(&self) -> u64 {
         match self {
             Capacity::Fixed(capacity, _) => *capacity,
-            Capacity::Adaptive { now, .. } => now.load(Ordering::Relaxed),
+            Capacity::Adaptive(a) => a.now(),
         }
     }
 }
@@ -168,12 +162,9 @@ impl Drop for Admission {
         let in_flight = self.shedder.in_flight.fetch_sub(1, Ordering::AcqRel);
         let m = self.shedder.metrics();
         m.in_flight.decrement(1);
-        if let (Some(started), Some(Capacity::Adaptive { estimator, now })) =
-            (self.started, &self.shedder.capacity)
+        if let (Some(started), Some(Capacity::Adaptive(a))) = (self.started, &self.shedder.capacity)
         {
-            let mut e = estimator.lock().unwrap_or_else(PoisonError::into_inner);
-            let limit = e.sample(started.elapsed(), in_flight);
-            now.store(limit, Ordering::Relaxed);
+            let limit = a.sample(started.elapsed(), in_flight);
             m.capacity.set(limit as f64);
         }
     }
@@ -289,7 +280,7 @@ impl Shedder {
     }
 
     fn admission(self: &Arc<Self>) -> Admission {
-        let adaptive = matches!(self.capacity, Some(Capacity::Adaptive { .. }));
+        let adaptive = matches!(self.capacity, Some(Capacity::Adaptive(_)));
         self.metrics().in_flight.increment(1);
         Admission {
             shedder: self.clone(),

@@ -1,20 +1,29 @@
-//! An adaptive capacity for the load shedder: [`Adaptive`], and the
-//! estimator that finds the capacity from the latency of the requests it
-//! lets through.
+//! A limit on requests in flight that finds itself: [`Adaptive`], the
+//! estimator that moves it with the latency of the requests it lets
+//! through, and the [`AdaptiveLimit`] the load shedder and the concurrency
+//! limiter share between requests.
 //!
-//! The rule is TCP Vegas's, as Netflix's concurrency-limits applies it to
-//! requests in flight. The least latency seen is what a request costs
-//! without queueing. A sample slower than that means
+//! In numbers: a sample slower than the least latency means
 //! `limit × (1 − least / latency)` requests are queued. While that queue is
 //! short the limit grows; while it is long it shrinks; in between it holds.
-//! Now and then the least latency is measured afresh, so a service that got
-//! slower for good is not held to its old speed.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-/// An adaptive capacity for [`LoadShedLayerBuilder::adaptive`](crate::shed::LoadShedLayerBuilder::adaptive):
-/// the requests this process serves at once, found from the latency of the
-/// requests it lets through instead of set by hand, within bounds.
+/// A limit on requests in flight found from the latency of the requests it
+/// lets through instead of set by hand, within bounds: the load shedder's
+/// capacity ([`LoadShedLayerBuilder::adaptive`](crate::shed::LoadShedLayerBuilder::adaptive))
+/// or the concurrency limiter's limit
+/// ([`ConcurrencyLimitLayerBuilder::adaptive`](crate::concurrency::ConcurrencyLimitLayerBuilder::adaptive)).
+///
+/// The rule is TCP Vegas's, as Netflix's concurrency-limits applies it: the
+/// least latency seen is what a request costs without queueing, and a
+/// slower one says how many are queued. While few are, the limit grows;
+/// while many are, it shrinks. Now and then it is halved for a moment to
+/// measure the least latency afresh, so a service that got slower for good
+/// is not held to its old speed. Each process finds its own limit from its
+/// own requests.
 ///
 /// ```
 /// use tower_ratelimit::shed::{Adaptive, LoadShedLayer};
@@ -40,6 +49,11 @@ impl Default for Adaptive {
 
 impl Adaptive {
     /// Starts at 20 requests in flight, between 1 and 1,000.
+    ///
+    /// ```
+    /// use tower_ratelimit::shed::Adaptive;
+    /// assert_eq!(Adaptive::new(), Adaptive::default());
+    /// ```
     pub const fn new() -> Self {
         Self {
             initial: 20,
@@ -48,19 +62,19 @@ impl Adaptive {
         }
     }
 
-    /// The capacity before any latency is known.
+    /// The limit before any latency is known.
     pub const fn initial(mut self, n: u64) -> Self {
         self.initial = n;
         self
     }
 
-    /// The least the capacity may fall to (at least 1).
+    /// The least the limit may fall to (at least 1).
     pub const fn min(mut self, n: u64) -> Self {
         self.min = n;
         self
     }
 
-    /// The most the capacity may grow to.
+    /// The most the limit may grow to.
     pub const fn max(mut self, n: u64) -> Self {
         self.max = n;
         self
@@ -70,14 +84,48 @@ impl Adaptive {
     pub(crate) fn problem(&self) -> Option<String> {
         (!(1 <= self.min && self.min <= self.initial && self.initial <= self.max)).then(|| {
             format!(
-                "an adaptive capacity needs 1 <= min <= initial <= max, got min {}, initial {}, max {}",
+                "an adaptive limit needs 1 <= min <= initial <= max, got min {}, initial {}, max {}",
                 self.min, self.initial, self.max
             )
         })
     }
 }
 
-/// The capacity, moved by each latency sample.
+/// An adaptive limit shared by every request of one layer: read without a
+/// lock on the request path, moved by each finished request's latency.
+#[derive(Debug)]
+pub(crate) struct AdaptiveLimit {
+    estimator: Mutex<Estimator>,
+    now: AtomicU64,
+}
+
+impl AdaptiveLimit {
+    pub(crate) fn new(cfg: Adaptive) -> Self {
+        Self {
+            now: AtomicU64::new(cfg.initial),
+            estimator: Mutex::new(Estimator::new(cfg)),
+        }
+    }
+
+    /// The limit now.
+    pub(crate) fn now(&self) -> u64 {
+        self.now.load(Ordering::Relaxed)
+    }
+
+    /// Takes one request's latency, with `in_flight` requests in flight
+    /// beside it (itself included); returns the new limit.
+    pub(crate) fn sample(&self, latency: Duration, in_flight: u64) -> u64 {
+        let mut e = self
+            .estimator
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let limit = e.sample(latency, in_flight);
+        self.now.store(limit, Ordering::Relaxed);
+        limit
+    }
+}
+
+/// The limit, moved by each latency sample.
 #[derive(Debug)]
 pub(crate) struct Estimator {
     limit: f64,
@@ -97,7 +145,7 @@ pub(crate) struct Estimator {
 }
 
 /// Samples between two fresh measurements of the least latency, per unit
-/// of capacity.
+/// of the limit.
 const PROBE_EVERY: f64 = 30.0;
 
 impl Estimator {
@@ -114,13 +162,13 @@ impl Estimator {
         }
     }
 
-    /// The capacity now.
+    /// The limit now.
     pub(crate) fn limit(&self) -> u64 {
         self.limit as u64
     }
 
     /// Takes one request's latency, with `in_flight` requests in flight
-    /// when it ended (itself included); returns the new capacity.
+    /// beside it (itself included); returns the new limit.
     pub(crate) fn sample(&mut self, latency: Duration, in_flight: u64) -> u64 {
         self.samples += 1;
         if self.samples >= self.probe_at {
