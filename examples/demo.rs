@@ -37,6 +37,18 @@
 //! cargo run --features redis --example demo -- --store redis --concurrency 2 --shed-capacity 20
 //! cargo run --features redis --example demo -- --store redis --fleet-shed-capacity 10
 //! ```
+//!
+//! `--admin-listen [ADDR]` serves an admin interface (loopback, no
+//! authentication) that changes the rate limit at runtime, per key; with
+//! `--store redis` the changes hold for every instance on the same Redis.
+//! It prints `admin listening on ADDR` after the first line:
+//!
+//! ```text
+//! cargo run --features redis --example demo -- --store redis --key header:x-client --admin-listen
+//! curl -X PUT --data '1000/1m' http://127.0.0.1:9091/limits/acme
+//! curl http://127.0.0.1:9091/limits
+//! curl -X DELETE http://127.0.0.1:9091/limits/acme
+//! ```
 
 #[path = "common/mod.rs"]
 mod common;
@@ -50,10 +62,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+use tower_ratelimit::rate::{Limits, LimitsError, SharedLimits};
 use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
 use tower_ratelimit::store::{RedisStore, RedisStoreBuilder, ShardedStore, Store};
 use tower_ratelimit::{
-    Algorithm, Coordinated, DenyCache, HeaderStyle, OnStoreError, Quota, RateLimitLayer,
+    Algorithm, Coordinated, DenyCache, HeaderStyle, OnStoreError, Policy, Quota, RateLimitLayer,
 };
 
 #[derive(Parser, Debug)]
@@ -166,6 +179,18 @@ struct Args {
     /// How often the coordinated mode syncs with Redis.
     #[arg(long, default_value = "1s", value_parser = common::parse_duration)]
     sync_interval: Duration,
+    /// Serve the admin interface, which changes limits at runtime, on this
+    /// address (given without one: 127.0.0.1:9091). Keep it on loopback or
+    /// behind your own authentication. `PUT /limits/{key}` with a policy as
+    /// the body (`100/1m`, `10/1s gcra burst=50, 1000/1h`), `DELETE
+    /// /limits/{key}`, `GET /limits`. A key is the text `--key header:NAME`
+    /// reads. With `--store redis` (one `--redis-url` or Sentinel) the
+    /// overrides live in Redis, for every instance and across restarts.
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:9091")]
+    admin_listen: Option<SocketAddr>,
+    /// How often each instance reads the limits changed in Redis.
+    #[arg(long, default_value = "1s", value_parser = common::parse_duration)]
+    limits_poll: Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -239,6 +264,81 @@ async fn serve_metrics(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error
     let app = Router::new().route("/metrics", get(move || std::future::ready(handle.render())));
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(())
+}
+
+/// `PUT /limits/{key}`: the key's policy, from the body's text.
+async fn put_limit(
+    State(limits): State<Limits>,
+    Path(key): Path<String>,
+    body: String,
+) -> Response {
+    let policy: Policy = match body.trim().parse() {
+        Ok(p) => p,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    match limits.set(&key, policy.clone()).await {
+        Ok(()) => json(format!(
+            r#"{{"key":{},"policy":{}}}"#,
+            quoted(&key),
+            quoted(&policy.to_string())
+        )),
+        Err(e) => limits_error(e),
+    }
+}
+
+/// `DELETE /limits/{key}`: back to the default.
+async fn delete_limit(State(limits): State<Limits>, Path(key): Path<String>) -> Response {
+    match limits.remove(&key).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => (StatusCode::NOT_FOUND, "no override for this key\n").into_response(),
+        Err(e) => limits_error(e),
+    }
+}
+
+/// `GET /limits`: the runtime default and every override.
+async fn get_limits(State(limits): State<Limits>) -> Response {
+    let overrides: Vec<String> = limits
+        .overrides()
+        .iter()
+        .map(|(k, p)| format!("{}:{}", quoted(k), quoted(&p.to_string())))
+        .collect();
+    let default = limits
+        .default_policy()
+        .map_or("null".to_owned(), |p| quoted(&p.to_string()));
+    json(format!(
+        r#"{{"default":{default},"overrides":{{{}}}}}"#,
+        overrides.join(",")
+    ))
+}
+
+/// A refused change is the caller's mistake (400); a store that cannot
+/// take it is not (503).
+fn limits_error(e: LimitsError) -> Response {
+    let status = match e {
+        LimitsError::Invalid(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, format!("{e}\n")).into_response()
+}
+
+fn json(body: String) -> Response {
+    ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// `s` as a JSON string.
+fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// GitHub-style `GET /rate_limit`: the caller's state, read without charging.
@@ -387,6 +487,27 @@ fn connect_or_warn(result: Result<(), tower_ratelimit::StoreError>) {
     }
 }
 
+/// Serves the admin interface on `addr`; returns where it listens.
+async fn admin_server(
+    addr: SocketAddr,
+    limits: Limits,
+) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "the admin interface changes limits and has no authentication: it listens beyond loopback");
+    }
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let at = listener.local_addr()?;
+    let app = Router::new()
+        .route("/limits", get(get_limits))
+        .route(
+            "/limits/{key}",
+            axum::routing::put(put_limit).delete(delete_limit),
+        )
+        .with_state(limits);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(at)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -419,6 +540,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             fraction: args.local_share,
         },
     };
+    // The rate limit's runtime limits, for the admin interface.
+    let mut admin = None;
     // Innermost first: concurrency, then the rate limit, then shedding outermost.
     if let Some(limit) = args.concurrency {
         let mut builder = ConcurrencyLimitLayer::builder()
@@ -480,6 +603,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 builder = builder.store(redis_store(&args)?);
             }
+            if args.admin_listen.is_some() {
+                if args.redis_url.len() > 1 || !args.redis_cluster.is_empty() {
+                    return Err(
+                        "--admin-listen with --store redis keeps the limits in one Redis: \
+                                use a single --redis-url or --redis-sentinel"
+                            .into(),
+                    );
+                }
+                builder = builder.shared_limits(
+                    SharedLimits::new(single_store(&args)?).poll_interval(args.limits_poll),
+                );
+            }
         } else if !args.redis_url.is_empty()
             || !args.redis_cluster.is_empty()
             || !args.redis_sentinel.is_empty()
@@ -492,6 +627,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let layer = builder.build()?;
         connect_or_warn(layer.connect().await);
+        admin = Some(layer.limits());
         // Added after `.layer`, so the status route itself is never counted.
         app = app
             .layer(layer.clone())
@@ -524,10 +660,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         app = app.layer(shed);
     }
 
+    let admin = match (args.admin_listen, admin) {
+        (Some(addr), Some(limits)) => Some(admin_server(addr, limits).await?),
+        (Some(_), None) => {
+            return Err("--admin-listen changes the rate limit: not with --store none".into())
+        }
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     // The socket is bound and listening: connections queue from here on.
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", listener.local_addr()?)?;
+    if let Some(addr) = admin {
+        writeln!(out, "admin listening on {addr}")?;
+    }
     out.flush()?;
     drop(out);
     axum::serve(

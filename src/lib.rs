@@ -49,6 +49,8 @@ pub mod headers;
 pub mod key;
 mod later;
 pub mod metrics;
+#[cfg(feature = "redis")]
+mod periodic;
 mod problem;
 pub mod quota;
 pub mod rate;

@@ -124,6 +124,32 @@
 //! has spent. That is exact for the fixed window, sliding window and sliding
 //! log. A token bucket or GCRA stores its level in units of its own rate, so
 //! after a rate change the level is approximate until the bucket refills.
+//!
+//! # Text form
+//!
+//! Quotas and policies parse from text (`FromStr`) and print back to it
+//! (`Display`), for configuration files, admin interfaces and runtime
+//! overrides.
+//!
+//! A quota is `LIMIT/WINDOW`, then any of: its algorithm
+//! (`fixed-window`, `token-bucket`, `sliding-window`, `gcra`,
+//! `sliding-log`), `burst=N`, `unit=U`, `name=N` and `must-fit`, separated
+//! by spaces. A window is a whole number of `ms`, `s`, `m`, `h` or `d`. A
+//! name or unit with a space, comma, `=` or quote is written as a quoted
+//! string (`name="free tier"`, with `\"` and `\\` inside). A policy is its
+//! quotas separated by commas.
+//!
+//! ```
+//! use tower_ratelimit::{Algorithm, Policy, Quota};
+//! let q: Quota = "10/1s gcra burst=50".parse()?;
+//! assert_eq!((q.limit(), q.window_ms(), q.algorithm(), q.burst_size()), (10, 1_000, Algorithm::Gcra, 50));
+//! let p: Policy = "10/1s, 1000/1h sliding-log".parse()?;
+//! assert_eq!(p.to_string(), "10/1s, 1000/1h sliding-log");
+//! assert!("10 per second".parse::<Quota>().is_err());
+//! # Ok::<(), tower_ratelimit::ConfigError>(())
+//! ```
+
+mod text;
 
 use crate::error::ConfigError;
 use std::borrow::Cow;

@@ -30,11 +30,11 @@ use crate::clock::Clock;
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::ConfigError;
 use crate::key::Key;
+use crate::periodic::Periodic;
 use crate::quota::{Policy, Quota};
 use crate::store::{Namespace, RedisStore};
 use deadpool_redis::redis::{self, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -199,7 +199,7 @@ pub(crate) struct Coordinator {
     /// When the last sync succeeded, on the layer clock's monotonic instant.
     synced: std::sync::Mutex<Option<Instant>>,
     clock: Arc<dyn Clock>,
-    started: AtomicBool,
+    background: Periodic,
     rng: std::sync::Mutex<fastrand::Rng>,
 }
 
@@ -218,7 +218,7 @@ impl Coordinator {
             namespace,
             synced: std::sync::Mutex::new(None),
             clock,
-            started: AtomicBool::new(false),
+            background: Periodic::default(),
             rng: std::sync::Mutex::new(rng),
         }
     }
@@ -316,29 +316,13 @@ impl Coordinator {
     }
 
     fn start_background(self: &Arc<Self>) {
-        if !self.cfg.background
-            || self.started.load(Ordering::Relaxed)
-            || self.started.swap(true, Ordering::AcqRel)
-        {
+        if !self.cfg.background {
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.started.store(false, Ordering::Release);
-            return;
-        };
-        let weak: Weak<Self> = Arc::downgrade(self);
-        let period = self.cfg.interval;
-        rt.spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                // The layer is gone: stop.
-                let Some(this) = weak.upgrade() else { return };
-                let now = this.clock.now_ms();
-                if let Err(e) = this.sync(now).await {
-                    tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed; ratios decay after the staleness bound");
-                }
+        self.background.start(self, self.cfg.interval, |this| async move {
+            let now = this.clock.now_ms();
+            if let Err(e) = this.sync(now).await {
+                tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed; ratios decay after the staleness bound");
             }
         });
     }

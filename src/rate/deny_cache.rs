@@ -13,6 +13,7 @@ use crate::bounded::{self, Bounded};
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::quota::Policy;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -84,6 +85,8 @@ impl bounded::Entry for Denial {
 
 pub(crate) struct Denials {
     map: Bounded<Key, Denial>,
+    /// The runtime limits' generation the cached rejections were made at.
+    generation: AtomicU64,
 }
 
 impl Denials {
@@ -91,7 +94,18 @@ impl Denials {
     pub(crate) fn new(cfg: DenyCache) -> Option<Self> {
         (cfg.max_keys > 0).then(|| Self {
             map: Bounded::new(cfg.max_keys, 16),
+            generation: AtomicU64::new(0),
         })
+    }
+
+    /// Forgets every rejection when the limits changed since they were
+    /// made (`generation`, from the runtime limits): a raised limit must
+    /// not go on rejecting from the cache.
+    pub(crate) fn limits_are(&self, generation: u64) {
+        if self.generation.load(Ordering::Acquire) != generation {
+            self.map.retain(|_, _| false);
+            self.generation.store(generation, Ordering::Release);
+        }
     }
 
     /// The cached rejection for `key`, if it still holds now for `cost`,

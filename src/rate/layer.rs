@@ -3,6 +3,7 @@
 use super::body::{InnerBody, WrapBody};
 use super::deny_cache::{Denials, DenyCache};
 use super::limiter::{KeySource, Limiter, PolicySource, RejectionFn, Status, StatusError};
+use super::limits::{Limits, Table};
 use super::response::{default_rejection, Rejection};
 use super::service::RateLimit;
 use super::settle::Dropped;
@@ -77,6 +78,8 @@ pub struct Settings {
     deny_cache: DenyCache,
     #[cfg(feature = "redis")]
     coordinated: Option<super::coordinated::Coordinated>,
+    #[cfg(feature = "redis")]
+    shared_limits: Option<super::limits::SharedLimits>,
 }
 
 impl fmt::Debug for Settings {
@@ -109,6 +112,8 @@ impl RateLimitLayer {
                 deny_cache: DenyCache::new(),
                 #[cfg(feature = "redis")]
                 coordinated: None,
+                #[cfg(feature = "redis")]
+                shared_limits: None,
             },
         )
     }
@@ -214,7 +219,26 @@ impl<M> RateLimitLayer<M> {
     /// # Ok(()) }
     /// ```
     pub async fn connect(&self) -> Result<(), crate::StoreError> {
-        self.limiter.store.connect().await
+        self.limiter.store.connect().await?;
+        self.limits().refresh().await
+    }
+
+    /// The handle that changes this layer's limits while it serves, at
+    /// once for every clone: see [`Limits`]. With
+    /// [`shared_limits`](RateLimitLayerBuilder::shared_limits) the changes
+    /// hold for the whole fleet.
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(layer.limits().overrides().is_empty());
+    /// ```
+    pub fn limits(&self) -> Limits {
+        Limits::new(self.limiter.limits.clone())
     }
 
     /// Coordinated mode: runs one sync now (report counts, read the fleet's,
@@ -681,6 +705,27 @@ impl Builder<Settings> {
         self
     }
 
+    /// Keeps the limits changed at runtime ([`RateLimitLayer::limits`]) in
+    /// Redis, for every instance: see [`SharedLimits`](super::SharedLimits).
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{rate::SharedLimits, store::RedisStore, Quota, RateLimitLayer};
+    /// let store = RedisStore::new("redis://127.0.0.1").unwrap();
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+    ///     .store(store.clone())
+    ///     .shared_limits(SharedLimits::new(store))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn shared_limits(mut self, shared: super::limits::SharedLimits) -> Self {
+        self.kind.shared_limits = Some(shared);
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let Builder { common, kind } = self;
@@ -710,6 +755,17 @@ impl Builder<Settings> {
             ))),
             None => None,
         };
+        #[cfg(feature = "redis")]
+        let limits = {
+            let mut table = Table::new(coordinator.is_some());
+            if let Some(shared) = kind.shared_limits {
+                shared.check()?;
+                table.shared = Some(super::limits::Shared::new(shared, &namespace));
+            }
+            table
+        };
+        #[cfg(not(feature = "redis"))]
+        let limits = Table::new(false);
         let fallback =
             matches!(common.on_store_error, OnStoreError::Local { .. }).then(MemoryStore::new);
         // The memory store answers locally: a deny cache in front of it only costs.
@@ -734,6 +790,11 @@ impl Builder<Settings> {
                 clock: common.clock,
                 key: kind.key,
                 policy,
+                limits: {
+                    let limits = Arc::new(limits);
+                    limits.start();
+                    limits
+                },
                 cost: kind.cost,
                 reserve: kind.reserve,
                 settle: kind.settle,

@@ -57,6 +57,8 @@ pub(crate) struct Limiter {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) key: KeySource,
     pub(crate) policy: PolicySource,
+    /// The limits changed at runtime, read before `policy`.
+    pub(crate) limits: Arc<super::limits::Table>,
     pub(crate) cost: Option<Arc<CostFn>>,
     /// The reservation in quotas of other units (default: the cost).
     pub(crate) reserve: Option<Arc<CostFn>>,
@@ -230,6 +232,9 @@ impl Limiter {
             Ok(None) => return Ok(Resolution::Exempt),
             Err(e) => return Ok(Resolution::Failed(e)),
         };
+        if let Some(p) = self.limits.policy(&key) {
+            return Ok(Resolution::Found(key, p));
+        }
         match &self.policy {
             PolicySource::Static(p) => Ok(Resolution::Found(key, p.clone())),
             PolicySource::Sync(f) => Ok(Resolution::Found(key, f(parts, &key))),
@@ -247,6 +252,19 @@ impl Limiter {
 
     /// For an async key: how its policy is found once it is known.
     fn policy_later(
+        &self,
+        parts: &Parts,
+    ) -> Box<dyn FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> + Send> {
+        let configured = self.configured_policy_later(parts);
+        let limits = self.limits.clone();
+        Box::new(move |k| match limits.policy(&k) {
+            Some(p) => Box::pin(std::future::ready(Ok(p))),
+            None => configured(k),
+        })
+    }
+
+    /// For an async key: how the configured policy is found once it is known.
+    fn configured_policy_later(
         &self,
         parts: &Parts,
     ) -> Box<dyn FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> + Send> {
@@ -268,6 +286,7 @@ impl Limiter {
 
     /// The whole path of one request to its verdict.
     pub(crate) fn decide(self: &Arc<Self>, parts: &Parts) -> Deciding {
+        self.limits.start();
         let grpc = grpc::is_grpc(parts);
         let weight = self.cost.as_ref().map_or(1, |f| f(parts));
         let cost = (weight, self.reserve.as_ref().map_or(weight, |f| f(parts)));
@@ -311,6 +330,7 @@ impl Limiter {
             return Later::Now(self.verdict(asked, Source::Coordinated, Ok(decision)));
         }
         if let Some(denials) = &self.denials {
+            denials.limits_are(self.limits.generation());
             if let Some((decision, policy)) =
                 denials.check(&asked.key, cost, self.clock.monotonic())
             {
@@ -596,6 +616,7 @@ impl Limiter {
         self: Arc<Self>,
         parts: Parts,
     ) -> Result<Option<Status>, StatusError> {
+        self.limits.start();
         let resolution = match self.resolve(&parts) {
             Ok(r) => r,
             Err(later) => later.await,

@@ -30,6 +30,7 @@ mod deny_cache;
 mod future;
 mod layer;
 mod limiter;
+mod limits;
 mod response;
 mod service;
 mod settle;
@@ -42,6 +43,10 @@ pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Settings};
 pub use limiter::{Status, StatusError};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use limits::SharedLimits;
+pub use limits::{Limits, LimitsError, MAX_OVERRIDES, MAX_OVERRIDE_KEY_LEN};
 pub use response::{default_rejection, Rejection};
 pub use service::RateLimit;
 pub use settle::{Dropped, Usage};

@@ -3,8 +3,8 @@
 
 use axum::Router;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
@@ -83,6 +83,8 @@ impl Reply {
 #[derive(Clone)]
 pub struct HttpClient {
     client: Client<HttpConnector, Empty<Bytes>>,
+    /// For requests with a body.
+    with_body: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl Default for HttpClient {
@@ -95,6 +97,7 @@ impl HttpClient {
     pub fn new() -> Self {
         Self {
             client: Client::builder(TokioExecutor::new()).build_http(),
+            with_body: Client::builder(TokioExecutor::new()).build_http(),
         }
     }
 
@@ -113,12 +116,27 @@ impl HttpClient {
             .request(req.body(Empty::new()).unwrap())
             .await
             .unwrap();
-        let (parts, body) = res.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        }
+        read(res).await
+    }
+
+    /// Any method, with `body`.
+    pub async fn send(&self, method: Method, url: &str, body: &str) -> Reply {
+        let req = Request::builder()
+            .method(method)
+            .uri(url)
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        read(self.with_body.request(req).await.unwrap()).await
+    }
+}
+
+/// The whole response.
+async fn read(res: http::Response<hyper::body::Incoming>) -> Reply {
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
     }
 }

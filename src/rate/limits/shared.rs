@@ -1,0 +1,321 @@
+//! Runtime limits kept in Redis for the whole fleet: one hash per layer
+//! (field `default`, and `key:TEXT` per override, each a policy's text
+//! form) and a version counter beside it. A change is one transaction that
+//! writes, bumps the version and reads the whole hash back. Each instance
+//! polls the version and reads the hash again when it moved.
+
+use super::{Change, Snapshot, Table};
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::periodic::Periodic;
+use crate::quota::Policy;
+use crate::store::{Namespace, RedisStore};
+use deadpool_redis::redis::{self, Value};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Keeps a rate limit layer's runtime [`Limits`](super::Limits) in Redis,
+/// for every instance of the fleet: set it with
+/// [`RateLimitLayerBuilder::shared_limits`](crate::RateLimitLayerBuilder::shared_limits).
+///
+/// A change is written to Redis first, in one transaction, then applied
+/// here; every other instance applies it within its poll interval
+/// (default 1 s: one `GET` per instance per interval, and one `HGETALL`
+/// when something changed). The limits outlive every instance: a new one
+/// reads them in [`RateLimitLayer::connect`](crate::RateLimitLayer::connect),
+/// or at the latest on its first poll. While Redis is unreachable a change
+/// is refused and each instance keeps the limits it last read.
+///
+/// They live under the layer's name in the store's prefix (one key for
+/// the table, one for its version), so layers with distinct names keep
+/// distinct tables. A Redis Cluster is refused: use one primary (with
+/// replicas or Sentinel).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimit::{rate::SharedLimits, store::RedisStore};
+/// let shared = SharedLimits::new(RedisStore::new("redis://127.0.0.1:6379")?)
+///     .poll_interval(Duration::from_millis(500));
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct SharedLimits {
+    store: RedisStore,
+    poll: Duration,
+    timeout: Duration,
+}
+
+impl SharedLimits {
+    /// The limits in `store`'s Redis (its primary connections), polled
+    /// every second, each call bounded by one second.
+    pub fn new(store: RedisStore) -> Self {
+        Self {
+            store,
+            poll: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// How often each instance looks for changes (default 1 s, at least
+    /// 10 ms): the longest an instance goes on with old limits.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll = every;
+        self
+    }
+
+    /// How long a change or a poll may take before it fails (default 1 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.store.is_cluster() {
+            return Err(ConfigError::new(
+                "shared limits live on one Redis primary: a Redis Cluster is not supported \
+                 (use a RedisStore with one primary, replicas or Sentinel)",
+            ));
+        }
+        if self.poll < Duration::from_millis(10) {
+            return Err(ConfigError::new(format!(
+                "the shared limits' poll interval must be at least 10ms, got {:?}",
+                self.poll
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new(
+                "the shared limits' timeout must be above zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for SharedLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedLimits")
+            .field("store", &self.store)
+            .field("poll", &self.poll)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// A layer's shared table: where it lives, and what this instance last read.
+pub(crate) struct Shared {
+    cfg: SharedLimits,
+    namespace: Namespace,
+    /// The hash holding the table.
+    hash: String,
+    /// The counter each change bumps.
+    version: String,
+    /// The version installed here (`None`: nothing read yet).
+    seen: Mutex<Option<i64>>,
+    polling: Periodic,
+    /// Whether the last poll failed (its failure is logged once).
+    failing: AtomicBool,
+}
+
+/// The hash field of the runtime default.
+const DEFAULT: &str = "default";
+/// The prefix of an override's hash field, before its key's text.
+const KEY: &str = "key:";
+
+impl Shared {
+    pub(crate) fn new(cfg: SharedLimits, namespace: &Namespace) -> Self {
+        // An empty composite: no key extractor makes one, so no client's
+        // state shares this tag.
+        let base = cfg.store.redis_key(namespace, &Key::composite(&[]));
+        Self {
+            cfg,
+            namespace: namespace.clone(),
+            hash: format!("{base}:limits"),
+            version: format!("{base}:limits:v"),
+            seen: Mutex::new(None),
+            polling: Periodic::default(),
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes `change`, and installs the whole table as Redis has it after
+    /// it; whether the entry changed was there before.
+    pub(crate) async fn write(&self, table: &Table, change: &Change) -> Result<bool, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let (field, value) = match change {
+            Change::Default(p) => (DEFAULT.to_owned(), p.as_ref().map(Policy::to_string)),
+            Change::Key(k, p) => (format!("{KEY}{k}"), p.as_ref().map(Policy::to_string)),
+        };
+        // Whether it was there: HSET and HDEL would say it differently.
+        pipe.cmd("HEXISTS").arg(&self.hash).arg(&field);
+        match value {
+            Some(v) => pipe.cmd("HSET").arg(&self.hash).arg(field).arg(v).ignore(),
+            None => pipe.cmd("HDEL").arg(&self.hash).arg(field).ignore(),
+        };
+        pipe.cmd("INCR").arg(&self.version);
+        pipe.cmd("HGETALL").arg(&self.hash);
+        let mut reply = self
+            .cfg
+            .store
+            .query_pipeline(pipe, self.cfg.timeout)
+            .await?;
+        if reply.len() != 3 {
+            return Err(protocol(format!("{} replies, not 3", reply.len())));
+        }
+        let existed = int(&reply.remove(0))?.unwrap_or(0) > 0;
+        self.install(table, reply)?;
+        Ok(existed)
+    }
+
+    /// Reads the whole table and installs it.
+    pub(crate) async fn refresh(&self, table: &Table) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.cmd("GET").arg(&self.version);
+        pipe.cmd("HGETALL").arg(&self.hash);
+        let reply = self
+            .cfg
+            .store
+            .query_pipeline(pipe, self.cfg.timeout)
+            .await?;
+        self.install(table, reply)
+    }
+
+    /// One poll: reads the table again when its version moved.
+    async fn poll(&self, table: &Table) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(&self.version);
+        let reply = self
+            .cfg
+            .store
+            .query_pipeline(pipe, self.cfg.timeout)
+            .await?;
+        // No counter yet reads as version 0: nothing was ever changed.
+        let version = reply.first().map(int).transpose()?.flatten().unwrap_or(0);
+        if Some(version) == *self.seen() {
+            return Ok(());
+        }
+        self.refresh(table).await
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Option<i64>> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Installs `[version, hash]` unless a newer version is installed
+    /// already (two answers may come back out of order).
+    fn install(&self, table: &Table, reply: Vec<Value>) -> Result<(), StoreError> {
+        let [version, hash]: [Value; 2] = reply
+            .try_into()
+            .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 2", r.len())))?;
+        let version = int(&version)?.unwrap_or(0);
+        let snap = self.parse(hash)?;
+        let mut seen = self.seen();
+        if seen.is_some_and(|s| s > version) {
+            return Ok(());
+        }
+        *seen = Some(version);
+        table.install(snap);
+        Ok(())
+    }
+
+    /// The table from `HGETALL`'s answer. An entry that does not read as a
+    /// policy for this layer (written by hand, or by another version) is
+    /// left out, with a warning, and the rest applies.
+    fn parse(&self, hash: Value) -> Result<Snapshot, StoreError> {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = match hash {
+            Value::Map(pairs) => pairs
+                .into_iter()
+                .map(|(k, v)| Ok((bytes(k)?, bytes(v)?)))
+                .collect::<Result<_, StoreError>>()?,
+            Value::Array(items) => items
+                .chunks(2)
+                .map(|kv| match kv {
+                    [k, v] => Ok((bytes(k.clone())?, bytes(v.clone())?)),
+                    _ => Err(protocol("an odd HGETALL reply".into())),
+                })
+                .collect::<Result<_, StoreError>>()?,
+            Value::Nil => Vec::new(),
+            other => return Err(protocol(format!("HGETALL answered {other:?}"))),
+        };
+        let mut snap = Snapshot::default();
+        for (field, value) in pairs {
+            let (Ok(field), Ok(value)) = (String::from_utf8(field), String::from_utf8(value))
+            else {
+                self.skip("a field or value that is not UTF-8", "");
+                continue;
+            };
+            let policy = match value.parse::<Policy>() {
+                Ok(p) => p,
+                Err(e) => {
+                    self.skip(&e.to_string(), &field);
+                    continue;
+                }
+            };
+            if field == DEFAULT {
+                snap.default = Some(policy);
+            } else if let Some(key) = field.strip_prefix(KEY) {
+                snap.keys.insert(key.to_owned(), policy);
+            } else {
+                self.skip("an unknown field", &field);
+            }
+        }
+        Ok(snap)
+    }
+
+    fn skip(&self, why: &str, field: &str) {
+        tracing::warn!(
+            limiter = self.namespace.name(),
+            field_len = field.len(),
+            "a shared rate limit entry in Redis is left out: {why}"
+        );
+    }
+
+    /// Starts polling, once, if a tokio runtime is running.
+    pub(crate) fn start(&self, table: &Arc<Table>) {
+        self.polling.start(table, self.cfg.poll, |table| async move {
+            let Some(this) = table.shared.as_ref() else { return };
+        match this.poll(&table).await {
+            Ok(()) => {
+                if this.failing.swap(false, Ordering::AcqRel) {
+                    tracing::info!(limiter = this.namespace.name(), "shared rate limits read again");
+                }
+            }
+            Err(e) => {
+                metrics::counter!("ratelimit_shared_limits_poll_failures_total", "limiter" => this.namespace.name().to_owned()).increment(1);
+                if !this.failing.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(limiter = this.namespace.name(), error = %e, "cannot read the shared rate limits; the last ones read stay");
+                }
+            }
+        }
+        });
+    }
+}
+
+fn protocol(what: String) -> StoreError {
+    StoreError::Protocol(format!("shared limits: {what}"))
+}
+
+/// An integer reply (`GET` of a counter, `INCR`); `None` for nil.
+fn int(v: &Value) -> Result<Option<i64>, StoreError> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::Int(i) => Ok(Some(*i)),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Some)
+            .ok_or_else(|| protocol("a version that is not a number".into())),
+        other => Err(protocol(format!("a version of {other:?}"))),
+    }
+}
+
+fn bytes(v: Value) -> Result<Vec<u8>, StoreError> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.into_bytes()),
+        other => Err(protocol(format!("a hash entry of {other:?}"))),
+    }
+}

@@ -1,0 +1,388 @@
+//! Limits changed at runtime. In one process, through `oneshot`: an
+//! override or a new default applies at once to every clone of the layer,
+//! removing it restores what was configured, and a bad change is refused
+//! whole. Across a fleet, on the built demo as a black box against a real
+//! `redis-server`: two instances on one Redis, changed through either
+//! one's admin interface, enforce the change within 2 s, keep it across a
+//! restart, and answer a malformed override 400 without changing anything.
+#![cfg(feature = "redis")]
+
+#[path = "support/example.rs"]
+mod example;
+#[path = "support/http.rs"]
+mod http_support;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use bytes::Bytes;
+use example::Running;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Empty;
+use http_support::HttpClient;
+use redis_support::{require_redis, RedisServer};
+use std::convert::Infallible;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_ratelimit::key::{Header, Key};
+use tower_ratelimit::rate::{LimitsError, MAX_OVERRIDE_KEY_LEN};
+use tower_ratelimit::{Policy, Quota, RateLimitLayer};
+
+fn layer() -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+        .key(Header::try_new("x-tenant").unwrap())
+        .build()
+        .unwrap()
+}
+
+fn policy(text: &str) -> Policy {
+    text.parse().unwrap()
+}
+
+/// The handler behind the layer.
+async fn ok(_: Request<Empty<Bytes>>) -> Result<Response<Empty<Bytes>>, Infallible> {
+    Ok(Response::new(Empty::new()))
+}
+
+/// One request of `tenant` through `svc`: its status and `x-ratelimit-limit`.
+async fn call<S>(svc: &mut S, tenant: &str) -> (StatusCode, String)
+where
+    S: Service<
+        Request<Empty<Bytes>>,
+        Response = Response<tower_ratelimit::ResponseBody<Empty<Bytes>>>,
+    >,
+    S::Error: std::fmt::Debug,
+{
+    let req = Request::builder()
+        .header("x-tenant", tenant)
+        .body(Empty::new())
+        .unwrap();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    let limit = res.headers()["x-ratelimit-limit"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (res.status(), limit)
+}
+
+/// Statuses of `n` requests of `tenant`, alternating between two clones.
+async fn statuses(layer: &RateLimitLayer, tenant: &str, n: usize) -> Vec<(StatusCode, String)> {
+    let mut a = layer.clone().layer(service_fn(ok));
+    let mut b = layer.clone().layer(service_fn(ok));
+    let mut out = Vec::new();
+    for i in 0..n {
+        let svc = if i % 2 == 0 { &mut a } else { &mut b };
+        out.push(call(svc, tenant).await);
+    }
+    out
+}
+
+fn ok_then_429(admitted: usize, total: usize, limit: &str) -> Vec<(StatusCode, String)> {
+    (0..total)
+        .map(|i| {
+            let status = if i < admitted {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            (status, limit.to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_override_applies_at_once_to_every_clone_and_removing_it_restores_the_default() {
+    let layer = layer();
+    let limits = layer.limits();
+    limits.set("acme", policy("5/1h")).await.unwrap();
+    assert_eq!(statuses(&layer, "acme", 6).await, ok_then_429(5, 6, "5"));
+    assert_eq!(
+        statuses(&layer, "other", 3).await,
+        ok_then_429(2, 3, "2"),
+        "a key without an override keeps the configured policy"
+    );
+    assert!(limits.remove("acme").await.unwrap());
+    assert!(
+        !limits.remove("acme").await.unwrap(),
+        "nothing left to remove"
+    );
+    // Back on the configured 2 an hour, in the same window: 5 spent already.
+    assert_eq!(statuses(&layer, "acme", 1).await, ok_then_429(0, 1, "2"));
+    assert!(limits.overrides().is_empty());
+}
+
+#[tokio::test]
+async fn a_new_default_applies_to_keys_without_an_override_and_reset_restores_the_configured_one() {
+    let layer = layer();
+    let limits = layer.limits();
+    limits.set_default(policy("3/1m")).await.unwrap();
+    limits.set("vip", policy("4/1m")).await.unwrap();
+    assert_eq!(statuses(&layer, "a", 4).await, ok_then_429(3, 4, "3"));
+    assert_eq!(statuses(&layer, "vip", 5).await, ok_then_429(4, 5, "4"));
+    assert_eq!(limits.default_policy(), Some(policy("3/1m")));
+    limits.reset_default().await.unwrap();
+    assert_eq!(limits.default_policy(), None);
+    assert_eq!(statuses(&layer, "b", 3).await, ok_then_429(2, 3, "2"));
+    assert_eq!(
+        statuses(&layer, "vip", 1).await,
+        ok_then_429(0, 1, "4"),
+        "the override outlives the default"
+    );
+}
+
+#[tokio::test]
+async fn an_async_key_and_a_status_read_find_the_override() {
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+        .key_async(|parts| {
+            let tenant = parts
+                .headers
+                .get("x-tenant")
+                .map(|v| Key::new(v.as_bytes()));
+            async move { Ok(tenant) }
+        })
+        .build()
+        .unwrap();
+    layer.limits().set("acme", policy("3/1h")).await.unwrap();
+    assert_eq!(statuses(&layer, "acme", 4).await, ok_then_429(3, 4, "3"));
+    let (parts, ()) = Request::builder()
+        .header("x-tenant", "acme")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let status = layer.status(&parts).await.unwrap().unwrap();
+    assert_eq!(status.policy, policy("3/1h"));
+}
+
+#[tokio::test]
+async fn a_bad_change_is_refused_whole_and_changes_nothing() {
+    let layer = layer();
+    let limits = layer.limits();
+    limits.set("acme", policy("5/1h")).await.unwrap();
+    let long = "k".repeat(MAX_OVERRIDE_KEY_LEN + 1);
+    for (key, why) in [("", "1 to 256 bytes"), (long.as_str(), "1 to 256 bytes")] {
+        match limits.set(key, policy("9/1h")).await {
+            Err(LimitsError::Invalid(e)) => assert!(e.to_string().contains(why), "{e}"),
+            other => panic!("{key:?}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        limits.overrides(),
+        vec![("acme".to_owned(), policy("5/1h"))]
+    );
+    assert_eq!(statuses(&layer, "acme", 6).await, ok_then_429(5, 6, "5"));
+}
+
+#[tokio::test]
+async fn the_coordinated_mode_refuses_a_runtime_quota_in_another_unit() {
+    use tower_ratelimit::{store::RedisStore, Coordinated};
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+        .coordinated(
+            Coordinated::new(RedisStore::new("redis://127.0.0.1:1").unwrap()).manual_sync(),
+        )
+        .build()
+        .unwrap();
+    let tokens = policy("1000/1m unit=tokens");
+    let err = layer.limits().set("acme", tokens).await.unwrap_err();
+    assert!(err.to_string().contains("counts requests"), "{err}");
+    assert!(layer.limits().overrides().is_empty());
+}
+
+// The fleet: two demo instances on one Redis.
+
+/// A demo instance on `redis` with the admin interface; its admin address.
+fn instance(redis: &str) -> (Running, String) {
+    let demo = Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis",
+            "--redis-url",
+            redis,
+            "--limit",
+            "100",
+            "--window",
+            "1h",
+            "--key",
+            "header:x-client",
+            "--store-timeout",
+            "2s",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = demo
+        .stdout_rest
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the admin line");
+    let admin = line
+        .strip_prefix("admin listening on ")
+        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+        .to_owned();
+    (demo, format!("http://{admin}"))
+}
+
+/// The `limit` a demo's `GET /rate_limit` reports for `client` (not charged).
+async fn limit_of(c: &HttpClient, demo: &Running, client: &str) -> u64 {
+    let r = c
+        .get_with(&demo.url("/rate_limit"), &[("x-client", client.as_bytes())])
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let at = r.body.find(r#""limit":"#).expect("a limit") + 8;
+    let digits: String = r.body[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// How long until `demo` reports `want` as `client`'s limit; panics past 2 s.
+async fn applied_within_2s(c: &HttpClient, demo: &Running, client: &str, want: u64) -> Duration {
+    let start = Instant::now();
+    loop {
+        if limit_of(c, demo, client).await == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{client}'s limit is not {want} after 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a_restart() {
+    if !require_redis() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let c = HttpClient::new();
+    let (a, admin_a) = instance(&url);
+    let (b, admin_b) = instance(&url);
+    assert_eq!(limit_of(&c, &b, "alice").await, 100);
+
+    let put = c
+        .send(Method::PUT, &format!("{admin_a}/limits/alice"), "2/1h")
+        .await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    assert_eq!(
+        limit_of(&c, &a, "alice").await,
+        2,
+        "at once where it was set"
+    );
+    let took = applied_within_2s(&c, &b, "alice", 2).await;
+    println!("the override reached the other instance in {took:?}");
+    // One count for the fleet: two requests over both, then 429 on either.
+    let h: &[(&str, &[u8])] = &[("x-client", b"alice")];
+    let mut got = Vec::new();
+    for demo in [&a, &b, &a, &b] {
+        got.push(c.get_with(&demo.url("/"), h).await.status);
+    }
+    assert_eq!(
+        got,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(
+        limit_of(&c, &a, "bob").await,
+        100,
+        "other keys keep the default"
+    );
+
+    // Removed through the other instance: the default again, everywhere.
+    let del = c
+        .send(Method::DELETE, &format!("{admin_b}/limits/alice"), "")
+        .await;
+    assert_eq!(del.status, StatusCode::NO_CONTENT, "{}", del.body);
+    applied_within_2s(&c, &a, "alice", 100).await;
+    let again = c
+        .send(Method::DELETE, &format!("{admin_b}/limits/alice"), "")
+        .await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
+
+    // A malformed override: 400, and nothing changes anywhere.
+    let put = c
+        .send(Method::PUT, &format!("{admin_a}/limits/carol"), "7/1h")
+        .await;
+    assert_eq!(put.status, StatusCode::OK);
+    let before = c.get(&format!("{admin_a}/limits")).await.body;
+    for bad in ["abc", "0/1m", "10/1s fast", "10/1s, 20/1s", ""] {
+        let r = c
+            .send(Method::PUT, &format!("{admin_a}/limits/carol"), bad)
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad:?}: {}", r.body);
+    }
+    let long = "k".repeat(MAX_OVERRIDE_KEY_LEN + 1);
+    let r = c
+        .send(Method::PUT, &format!("{admin_a}/limits/{long}"), "5/1h")
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert_eq!(c.get(&format!("{admin_a}/limits")).await.body, before);
+    assert_eq!(before, r#"{"default":null,"overrides":{"carol":"7/1h"}}"#);
+    applied_within_2s(&c, &b, "carol", 7).await;
+
+    // A restarted instance starts with the fleet's overrides.
+    assert!(b.terminate().success());
+    let (b, admin_b) = instance(&url);
+    assert_eq!(limit_of(&c, &b, "carol").await, 7, "before its first poll");
+    assert_eq!(
+        c.get(&format!("{admin_b}/limits")).await.body,
+        before,
+        "the restarted instance lists the same overrides"
+    );
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+}
+
+#[tokio::test]
+async fn raising_a_limit_lifts_the_rejections_the_deny_cache_holds() {
+    if !require_redis() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+        .key(Header::try_new("x-tenant").unwrap())
+        .store(tower_ratelimit::store::RedisStore::new(redis.url()).unwrap())
+        .build()
+        .unwrap();
+    // The third is rejected by Redis, the fourth by the deny cache.
+    assert_eq!(statuses(&layer, "acme", 4).await, ok_then_429(2, 4, "2"));
+    layer.limits().set("acme", policy("5/1h")).await.unwrap();
+    assert_eq!(
+        statuses(&layer, "acme", 4).await,
+        ok_then_429(3, 4, "5"),
+        "3 more of 5: the cached rejection is gone"
+    );
+}
+
+#[tokio::test]
+async fn a_change_redis_cannot_take_is_refused_and_nothing_changes() {
+    use tower_ratelimit::rate::SharedLimits;
+    use tower_ratelimit::store::RedisStore;
+    // Nothing listens on port 1.
+    let store = RedisStore::new("redis://127.0.0.1:1").unwrap();
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+        .key(Header::try_new("x-tenant").unwrap())
+        .shared_limits(SharedLimits::new(store).timeout(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    let limits = layer.limits();
+    match limits.set("acme", policy("5/1h")).await {
+        Err(LimitsError::Store(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(limits.overrides().is_empty());
+    assert_eq!(statuses(&layer, "acme", 3).await, ok_then_429(2, 3, "2"));
+}
