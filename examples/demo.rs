@@ -23,7 +23,8 @@
 //! `GET /status/{code}` → that status; `GET /slow/{ms}` → 200 after holding the
 //! request that long; `GET /tokens/{n}` → 200 with `x-tokens-used: n` (what
 //! `--token-quota` settles); `GET /rate_limit` → the caller's state
-//! as JSON (`limit`, `remaining`, `reset`, `used`), not counted. Prints one line `listening on ADDR` once
+//! as JSON (`limit`, `remaining`, `reset`, `used`), not counted; `GET
+//! /rate_limit/advice` → the limits the advisor suggests (with `--advise`). Prints one line `listening on ADDR` once
 //! it accepts connections, and exits cleanly on SIGTERM or Ctrl-C.
 //!
 //! `--concurrency N` caps each key's requests in flight (in the store chosen
@@ -62,7 +63,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
-use tower_ratelimit::rate::{Limits, LimitsError, SharedLimits};
+use tower_ratelimit::rate::{Advisor, Limits, LimitsError, SharedLimits};
 use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
 use tower_ratelimit::store::{RedisStore, RedisStoreBuilder, ShardedStore, Store};
 use tower_ratelimit::{
@@ -188,6 +189,10 @@ struct Args {
     /// overrides live in Redis, for every instance and across restarts.
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:9091")]
     admin_listen: Option<SocketAddr>,
+    /// Record each key's usage per `--window` (the last 60 windows) and
+    /// serve the suggested limits at `GET /rate_limit/advice`.
+    #[arg(long)]
+    advise: bool,
     /// How often each instance reads the limits changed in Redis.
     #[arg(long, default_value = "1s", value_parser = common::parse_duration)]
     limits_poll: Duration,
@@ -339,6 +344,51 @@ fn quoted(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// `GET /rate_limit/advice`: the advisor's report as JSON (404 without `--advise`).
+async fn advice(State(layer): State<RateLimitLayer>) -> Response {
+    let Some(a) = layer.advice() else {
+        return (StatusCode::NOT_FOUND, "start the demo with --advise\n").into_response();
+    };
+    let keys: Vec<String> = a
+        .keys
+        .iter()
+        .map(|k| {
+            format!(
+                r#"{{"key":{},"tier":{},"usage":[{}],"peak":{},"percentile":{},"current":{},"suggested":{}}}"#,
+                k.text.as_deref().map_or("null".to_owned(), quoted),
+                quoted(&k.tier),
+                k.usage.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+                k.peak,
+                k.percentile,
+                k.current,
+                k.suggested
+            )
+        })
+        .collect();
+    let tiers: Vec<String> = a
+        .tiers
+        .iter()
+        .map(|t| {
+            format!(
+                r#"{{"tier":{},"keys":{},"peak":{},"percentile":{},"current":{},"suggested":{}}}"#,
+                quoted(&t.tier),
+                t.keys,
+                t.peak,
+                t.percentile,
+                t.current,
+                t.suggested
+            )
+        })
+        .collect();
+    json(format!(
+        r#"{{"window_ms":{},"windows":{},"keys":[{}],"tiers":[{}]}}"#,
+        a.window.as_millis(),
+        a.windows,
+        keys.join(","),
+        tiers.join(",")
+    ))
 }
 
 /// GitHub-style `GET /rate_limit`: the caller's state, read without charging.
@@ -588,6 +638,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 OnOff::Off => DenyCache::disabled(),
             })
             .shadow(args.shadow);
+        if args.advise {
+            builder = builder.advisor(Advisor::new().window(args.window));
+        }
         if let StoreKind::Redis = args.store {
             if let Mode::Coordinated = args.mode {
                 // The coordinated mode syncs its counts through one standalone Redis.
@@ -631,7 +684,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Added after `.layer`, so the status route itself is never counted.
         app = app
             .layer(layer.clone())
-            .route("/rate_limit", get(rate_limit).with_state(layer));
+            .route("/rate_limit", get(rate_limit).with_state(layer.clone()))
+            .route("/rate_limit/advice", get(advice).with_state(layer));
     }
 
     if args.shed_capacity.is_some() || args.adaptive || args.fleet_shed_capacity.is_some() {

@@ -100,6 +100,23 @@ impl Key {
         &self.bytes[..self.len as usize]
     }
 
+    /// The text the key was made from with [`Key::new`], when it was kept
+    /// whole (under 47 bytes) and is UTF-8: for reports an operator reads.
+    /// Secrets, addresses, composites and long keys have none.
+    ///
+    /// ```
+    /// use tower_ratelimit::key::Key;
+    /// assert_eq!(Key::new("acme").text(), Some("acme"));
+    /// assert_eq!(Key::secret("sk_live_1").text(), None);
+    /// assert_eq!(Key::new("x".repeat(100)).text(), None);
+    /// ```
+    pub fn text(&self) -> Option<&str> {
+        match self.as_bytes().split_first() {
+            Some((&TAG_BYTES, rest)) => std::str::from_utf8(rest).ok(),
+            _ => None,
+        }
+    }
+
     fn tagged(tag: u8, payload: &[u8]) -> Self {
         if payload.len() < CAPACITY {
             let mut bytes = [0u8; CAPACITY];

@@ -1,5 +1,6 @@
 //! [`RateLimitLayer`] and its builder.
 
+use super::advisor::{Advice, Advisor};
 use super::body::{InnerBody, WrapBody};
 use super::deny_cache::{Denials, DenyCache};
 use super::limiter::{KeySource, Limiter, PolicySource, RejectionFn, Status, StatusError};
@@ -80,6 +81,7 @@ pub struct Settings {
     coordinated: Option<super::coordinated::Coordinated>,
     #[cfg(feature = "redis")]
     shared_limits: Option<super::limits::SharedLimits>,
+    advisor: Option<super::advisor::Advisor>,
 }
 
 impl fmt::Debug for Settings {
@@ -114,6 +116,7 @@ impl RateLimitLayer {
                 coordinated: None,
                 #[cfg(feature = "redis")]
                 shared_limits: None,
+                advisor: None,
             },
         )
     }
@@ -239,6 +242,14 @@ impl<M> RateLimitLayer<M> {
     /// ```
     pub fn limits(&self) -> Limits {
         Limits::new(self.limiter.limits.clone())
+    }
+
+    /// What the [`advisor`](RateLimitLayerBuilder::advisor) saw over its
+    /// closed windows, and the limits it suggests; `None` without one.
+    /// This process's requests only.
+    pub fn advice(&self) -> Option<Advice> {
+        let advisor = self.limiter.advisor.as_ref()?;
+        Some(advisor.advice(self.limiter.clock.now_ms()))
     }
 
     /// Coordinated mode: runs one sync now (report counts, read the fleet's,
@@ -726,6 +737,25 @@ impl Builder<Settings> {
         self
     }
 
+    /// Records each key's usage per window (requests offered, rejected
+    /// ones included) and suggests limits from it: see [`Advisor`] and
+    /// [`RateLimitLayer::advice`].
+    ///
+    /// ```
+    /// # use std::num::NonZeroU32;
+    /// use tower_ratelimit::{rate::Advisor, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
+    ///     .advisor(Advisor::new())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.advice().unwrap().windows, 0);
+    /// ```
+    pub fn advisor(mut self, advisor: Advisor) -> Self {
+        self.kind.advisor = Some(advisor);
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let Builder { common, kind } = self;
@@ -766,6 +796,13 @@ impl Builder<Settings> {
         };
         #[cfg(not(feature = "redis"))]
         let limits = Table::new(false);
+        let advisor = match kind.advisor {
+            Some(a) => match a.problem() {
+                Some(problem) => return Err(ConfigError::new(problem)),
+                None => Some(super::advisor::Recorder::new(a, &common.name)),
+            },
+            None => None,
+        };
         let fallback =
             matches!(common.on_store_error, OnStoreError::Local { .. }).then(MemoryStore::new);
         // The memory store answers locally: a deny cache in front of it only costs.
@@ -795,6 +832,7 @@ impl Builder<Settings> {
                     limits.start();
                     limits
                 },
+                advisor,
                 cost: kind.cost,
                 reserve: kind.reserve,
                 settle: kind.settle,

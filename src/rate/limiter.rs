@@ -59,6 +59,8 @@ pub(crate) struct Limiter {
     pub(crate) policy: PolicySource,
     /// The limits changed at runtime, read before `policy`.
     pub(crate) limits: Arc<super::limits::Table>,
+    /// Records usage per key and window, when asked to.
+    pub(crate) advisor: Option<super::advisor::Recorder>,
     pub(crate) cost: Option<Arc<CostFn>>,
     /// The reservation in quotas of other units (default: the cost).
     pub(crate) reserve: Option<Arc<CostFn>>,
@@ -316,6 +318,9 @@ impl Limiter {
             }
         };
         let now_ms = self.clock.now_ms();
+        if let Some(advisor) = &self.advisor {
+            advisor.record(key, &policy, cost.0, now_ms);
+        }
         let asked = Asked {
             key,
             policy,

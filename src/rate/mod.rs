@@ -23,6 +23,7 @@
 //! gives everything back), or, when a later source may still speak (the
 //! trailers, the bytes sent, the handler's [`Usage`]), when the body ends.
 
+mod advisor;
 mod body;
 #[cfg(feature = "redis")]
 mod coordinated;
@@ -35,6 +36,7 @@ mod response;
 mod service;
 mod settle;
 
+pub use advisor::{current_limit, Advice, Advisor, KeyAdvice, TierAdvice, MAX_TIERS};
 pub use body::{BodyMode, InnerBody, WrapBody};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
