@@ -190,7 +190,8 @@ struct Args {
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:9091")]
     admin_listen: Option<SocketAddr>,
     /// Record each key's usage per `--window` (the last 60 windows) and
-    /// serve the suggested limits at `GET /rate_limit/advice`.
+    /// serve the suggested limits at `GET /rate_limit/advice` (with
+    /// `--store redis` on one Redis: for every instance on it).
     #[arg(long)]
     advise: bool,
     /// How often each instance reads the limits changed in Redis.
@@ -348,8 +349,12 @@ fn quoted(s: &str) -> String {
 
 /// `GET /rate_limit/advice`: the advisor's report as JSON (404 without `--advise`).
 async fn advice(State(layer): State<RateLimitLayer>) -> Response {
-    let Some(a) = layer.advice() else {
-        return (StatusCode::NOT_FOUND, "start the demo with --advise\n").into_response();
+    let a = match layer.fleet_advice().await {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            return (StatusCode::NOT_FOUND, "start the demo with --advise\n").into_response()
+        }
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     };
     let keys: Vec<String> = a
         .keys
@@ -639,7 +644,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .shadow(args.shadow);
         if args.advise {
-            builder = builder.advisor(Advisor::new().window(args.window));
+            let mut advisor = Advisor::new().window(args.window);
+            // One Redis: the report covers every instance on it.
+            if let StoreKind::Redis = args.store {
+                if args.redis_url.len() <= 1 && args.redis_cluster.is_empty() {
+                    advisor = advisor.fleet(single_store(&args)?);
+                }
+            }
+            builder = builder.advisor(advisor);
         }
         if let StoreKind::Redis = args.store {
             if let Mode::Coordinated = args.mode {

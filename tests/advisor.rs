@@ -15,22 +15,38 @@ use tower_ratelimit::{Policy, RateLimitLayer};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-#[tokio::test]
-async fn suggestions_are_the_percentile_of_usage_per_window_times_the_headroom() {
-    let clock = ManualClock::new(1_700_000_040_000); // a minute boundary
-    let layer = RateLimitLayer::builder()
+/// A layer of 100 requests a minute per `x-tenant`, on `clock`, with
+/// `advisor` counting per minute (headroom 1.5).
+fn tenants_at_100_a_minute(clock: &ManualClock, advisor: Advisor) -> RateLimitLayer {
+    RateLimitLayer::builder()
         .policy("100/1m".parse::<Policy>().unwrap())
         .key(Header::try_new("x-tenant").unwrap())
         .clock(clock.clone())
-        .advisor(
-            Advisor::new()
-                .window(MINUTE)
-                .windows(20)
-                .percentile(0.95)
-                .headroom(1.5),
-        )
+        .advisor(advisor.window(MINUTE).headroom(1.5))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// `n` requests of `tenant` through `svc`.
+async fn send<S>(svc: &mut S, tenant: &str, n: u64)
+where
+    S: Service<Request<Empty<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    for _ in 0..n {
+        let req = Request::builder()
+            .header("x-tenant", tenant)
+            .body(Empty::new())
+            .unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn suggestions_are_the_percentile_of_usage_per_window_times_the_headroom() {
+    let clock = ManualClock::new(1_700_000_040_000); // a minute boundary
+    let advisor = Advisor::new().windows(20).percentile(0.95);
+    let layer = tenants_at_100_a_minute(&clock, advisor);
     layer
         .limits()
         .set("vip", "1000/1m".parse().unwrap())
@@ -49,13 +65,7 @@ async fn suggestions_are_the_percentile_of_usage_per_window_times_the_headroom()
         let a = if w == 7 { 50 } else { 10 };
         let vip = if w == 3 { 400 } else { 200 };
         for (tenant, n) in [("a", a), ("b", w + 1), ("vip", vip)] {
-            for _ in 0..n {
-                let req = Request::builder()
-                    .header("x-tenant", tenant)
-                    .body(Empty::new())
-                    .unwrap();
-                svc.ready().await.unwrap().call(req).await.unwrap();
-            }
+            send(&mut svc, tenant, n).await;
         }
         clock.advance(MINUTE);
     }
@@ -103,13 +113,7 @@ async fn suggestions_are_the_percentile_of_usage_per_window_times_the_headroom()
     );
 
     // The open window is not reported until it closes.
-    for _ in 0..5 {
-        let req = Request::builder()
-            .header("x-tenant", "c")
-            .body(Empty::new())
-            .unwrap();
-        svc.ready().await.unwrap().call(req).await.unwrap();
-    }
+    send(&mut svc, "c", 5).await;
     assert!(layer
         .advice()
         .unwrap()
@@ -178,4 +182,76 @@ fn usage_of_alice(body: &str) -> Vec<u64> {
     let rest = &body[at..];
     let list = &rest[rest.find('[').unwrap() + 1..rest.find(']').unwrap()];
     list.split(',').filter_map(|n| n.parse().ok()).collect()
+}
+
+#[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_support;
+
+/// Two instances on one Redis, each seeing part of each tenant's traffic:
+/// the fleet's report sums them, window by window, while each instance's
+/// own report shows its share.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_fleet_report_sums_every_instances_windows_in_redis() {
+    use tower_ratelimit::store::RedisStore;
+    if !redis_support::require_redis() {
+        return;
+    }
+    let redis = redis_support::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_040_000);
+    let instance = || {
+        let advisor = Advisor::new().windows(5).percentile(1.0);
+        tenants_at_100_a_minute(&clock, advisor.fleet(RedisStore::new(redis.url()).unwrap()))
+    };
+    let (a, b) = (instance(), instance());
+    let serve = |layer: &RateLimitLayer| {
+        layer
+            .clone()
+            .layer(service_fn(|_: Request<Empty<Bytes>>| async {
+                Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+            }))
+    };
+    let (mut sa, mut sb) = (serve(&a), serve(&b));
+    // Window w: "x" sends w + 1 through a and 10 through b; "y" 3 through a.
+    for w in 0..5u64 {
+        for (on_a, tenant, n) in [(true, "x", w + 1), (false, "x", 10), (true, "y", 3)] {
+            send(if on_a { &mut sa } else { &mut sb }, tenant, n).await;
+        }
+        clock.advance(MINUTE);
+    }
+    let usage = |advice: &tower_ratelimit::rate::Advice, name: &str| {
+        advice
+            .keys
+            .iter()
+            .find(|k| k.text.as_deref() == Some(name))
+            .map(|k| k.usage.clone())
+            .unwrap_or_default()
+    };
+    // Each instance sends its closed windows in the background, and before
+    // its own fleet report: once both have reported, Redis has them all.
+    b.fleet_advice().await.unwrap().unwrap();
+    let fleet = a.fleet_advice().await.unwrap().unwrap();
+    assert_eq!(fleet.windows, 5);
+    assert_eq!(usage(&fleet, "x"), vec![11, 12, 13, 14, 15]);
+    assert_eq!(usage(&fleet, "y"), vec![3; 5]);
+    let x = fleet
+        .keys
+        .iter()
+        .find(|k| k.text.as_deref() == Some("x"))
+        .unwrap();
+    assert_eq!(
+        (x.peak, x.current, x.suggested, x.tier.as_str()),
+        (15, 100, 23, "100/1m")
+    );
+    assert_eq!(
+        usage(&a.advice().unwrap(), "x"),
+        vec![1, 2, 3, 4, 5],
+        "a's own share"
+    );
+    assert_eq!(
+        b.fleet_advice().await.unwrap().unwrap(),
+        fleet,
+        "the same from either"
+    );
 }

@@ -134,6 +134,13 @@ impl Key {
         }
     }
 
+    /// The key whose [`as_bytes`](Self::as_bytes) is `enc`, when it can be
+    /// one (as a store gives back what it was given).
+    #[cfg(feature = "redis")]
+    pub(crate) fn decode(enc: &[u8]) -> Option<Self> {
+        (!enc.is_empty() && enc.len() <= CAPACITY).then(|| Self::encoded(enc))
+    }
+
     /// Keeps an already tagged encoding, hashing it when too long.
     fn encoded(enc: &[u8]) -> Self {
         if enc.len() <= CAPACITY {

@@ -14,7 +14,7 @@
 use crate::key::Key;
 use crate::quota::Policy;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use topk::FilteredSpaceSaving;
 
@@ -40,7 +40,7 @@ pub const MAX_TIERS: usize = 64;
 ///     .percentile(0.99)
 ///     .headroom(1.5);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone)]
 #[must_use]
 pub struct Advisor {
     window: Duration,
@@ -48,6 +48,8 @@ pub struct Advisor {
     top: usize,
     percentile: f64,
     headroom: f64,
+    #[cfg(feature = "redis")]
+    fleet: Option<crate::store::RedisStore>,
 }
 
 impl Default for Advisor {
@@ -66,42 +68,62 @@ impl Advisor {
             top: 100,
             percentile: 0.99,
             headroom: 1.5,
+            #[cfg(feature = "redis")]
+            fleet: None,
         }
     }
 
     /// The window usage is counted over: the window of the suggested
     /// limits (at least 1 ms).
-    pub const fn window(mut self, window: Duration) -> Self {
+    pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
     }
 
     /// How many closed windows a report covers (at least 1).
-    pub const fn windows(mut self, n: usize) -> Self {
+    pub fn windows(mut self, n: usize) -> Self {
         self.windows = n;
         self
     }
 
     /// How many of the heaviest keys each window keeps (at least 1).
-    pub const fn top(mut self, n: usize) -> Self {
+    pub fn top(mut self, n: usize) -> Self {
         self.top = n;
         self
     }
 
     /// The percentile of usage per window a suggestion starts from,
     /// above 0 and at most 1 (1: the peak).
-    pub const fn percentile(mut self, p: f64) -> Self {
+    pub fn percentile(mut self, p: f64) -> Self {
         self.percentile = p;
         self
     }
 
     /// What the percentile is multiplied by (at least 1).
-    pub const fn headroom(mut self, h: f64) -> Self {
+    pub fn headroom(mut self, h: f64) -> Self {
         self.headroom = h;
         self
     }
 
+    /// Merges every instance's windows in `store`'s Redis, for
+    /// [`RateLimitLayer::fleet_advice`](crate::RateLimitLayer::fleet_advice):
+    /// each instance adds its closed windows' heavy keys to one sorted set
+    /// per window (written in the background once a window, a command per
+    /// heavy key), kept for the advisor's span. Not with a Redis Cluster.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn fleet(mut self, store: crate::store::RedisStore) -> Self {
+        self.fleet = Some(store);
+        self
+    }
+
     pub(crate) fn problem(&self) -> Option<String> {
+        #[cfg(feature = "redis")]
+        if self.fleet.as_ref().is_some_and(|s| s.is_cluster()) {
+            return Some(
+                "the advisor's fleet windows live on one Redis primary: not a Cluster".into(),
+            );
+        }
         if self.window < Duration::from_millis(1) {
             return Some("the advisor's window must be at least 1ms".into());
         }
@@ -192,11 +214,20 @@ struct State {
     /// The tiers seen, by index; the last is `"other"` once full.
     tiers: Vec<(String, u64)>,
     tier_of: HashMap<Policy, u16>,
+    /// Closed windows not yet added to the fleet's (by window id).
+    #[cfg(feature = "redis")]
+    unsent: Vec<(u64, fleet::Window)>,
 }
 
 /// A layer's advisor.
 pub(crate) struct Recorder {
     cfg: Advisor,
+    #[cfg(feature = "redis")]
+    fleet: Option<fleet::Fleet>,
+    /// Held while closed windows go to the fleet's, so a fleet report
+    /// waits for a send under way and never misses a window.
+    #[cfg(feature = "redis")]
+    sending: tokio::sync::Mutex<()>,
     /// The layer's name, for the gauges.
     name: std::sync::Arc<str>,
     window_ms: u64,
@@ -204,9 +235,16 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    pub(crate) fn new(cfg: Advisor, name: &str) -> Self {
+    pub(crate) fn new(cfg: Advisor, namespace: &crate::store::Namespace) -> Self {
         Self {
-            name: name.into(),
+            #[cfg(feature = "redis")]
+            fleet: cfg.fleet.clone().map(|store| {
+                let keep = cfg.window * (cfg.windows as u32 + 1);
+                fleet::Fleet::new(store, namespace, keep)
+            }),
+            #[cfg(feature = "redis")]
+            sending: tokio::sync::Mutex::new(()),
+            name: namespace.name().into(),
             window_ms: (cfg.window.as_millis() as u64).max(1),
             state: Mutex::new(State {
                 id: None,
@@ -214,17 +252,22 @@ impl Recorder {
                 ring: VecDeque::new(),
                 tiers: Vec::new(),
                 tier_of: HashMap::new(),
+                #[cfg(feature = "redis")]
+                unsent: Vec::new(),
             }),
             cfg,
         }
     }
 
     /// Counts `cost` for `key` under `policy` at `now_ms`.
-    pub(crate) fn record(&self, key: Key, policy: &Policy, cost: u64, now_ms: u64) {
+    pub(crate) fn record(self: &Arc<Self>, key: Key, policy: &Policy, cost: u64, now_ms: u64) {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if self.roll(&mut s, now_ms) {
-            // Once a window: the tiers' gauges follow the closed windows.
+            // Once a window: the tiers' gauges follow the closed windows,
+            // and the fleet gets them.
             self.publish(&self.advice_of(&s));
+            #[cfg(feature = "redis")]
+            self.send();
         }
         let tier = match s.tier_of.get(policy) {
             Some(&t) => t,
@@ -262,6 +305,20 @@ impl Recorder {
             .map(|(k, c)| (k, c.estimated_count()))
             .collect();
         top.truncate(self.cfg.top);
+        #[cfg(feature = "redis")]
+        if self.fleet.is_some() {
+            let named = top
+                .iter()
+                .map(|&((key, t), count)| {
+                    let tier = s.tiers.get(t as usize).map_or("other", |(n, _)| n.as_str());
+                    (key, tier.to_owned(), count)
+                })
+                .collect();
+            s.unsent.push((open, named));
+            // Kept for one span at most while the fleet cannot take them.
+            let excess = s.unsent.len().saturating_sub(self.cfg.windows);
+            s.unsent.drain(..excess);
+        }
         s.ring.push_back(Closed { top });
         // Windows with no traffic at all are windows of zero usage.
         let first_empty = (open + 1).max(id.saturating_sub(self.cfg.windows as u64));
@@ -286,6 +343,89 @@ impl Recorder {
         self.advice_of(&s)
     }
 
+    /// Sends the closed windows to the fleet's, in the background.
+    #[cfg(feature = "redis")]
+    fn send(self: &Arc<Self>) {
+        if self.fleet.is_none() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        rt.spawn(async move {
+            if let Err(e) = this.flush().await {
+                metrics::counter!("ratelimit_advice_fleet_failures_total", "limiter" => this.name.to_string()).increment(1);
+                tracing::warn!(limiter = %this.name, error = %e, "the advisor's closed windows did not reach Redis; the fleet's report lacks them");
+            }
+        });
+    }
+
+    /// Adds the closed windows not sent yet to the fleet's.
+    #[cfg(feature = "redis")]
+    async fn flush(&self) -> Result<(), crate::StoreError> {
+        let Some(fleet) = &self.fleet else {
+            return Ok(());
+        };
+        let _one_at_a_time = self.sending.lock().await;
+        let unsent = std::mem::take(
+            &mut self
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .unsent,
+        );
+        fleet.write(unsent).await
+    }
+
+    /// The fleet's report at `now_ms`: this instance's closed windows sent
+    /// first, then every instance's read back.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn fleet_advice(&self, now_ms: u64) -> Result<Advice, crate::StoreError> {
+        let Some(fleet) = &self.fleet else {
+            return Ok(self.advice(now_ms));
+        };
+        let open = {
+            let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            self.roll(&mut s, now_ms);
+            now_ms / self.window_ms
+        };
+        self.flush().await?;
+        let first = open.saturating_sub(self.cfg.windows as u64);
+        let mut windows = fleet
+            .read(first, open.saturating_sub(1), self.cfg.top)
+            .await?;
+        // Windows before any instance counted are not windows of zero.
+        let start = windows
+            .iter()
+            .position(|w| !w.is_empty())
+            .unwrap_or(windows.len());
+        windows.drain(..start);
+        let mut current: HashMap<&str, u64> = HashMap::new();
+        for w in &windows {
+            for (_, tier, _) in w {
+                current.entry(tier).or_insert_with(|| {
+                    tier.parse::<Policy>()
+                        .map_or(0, |p| current_limit(&p, self.cfg.window))
+                });
+            }
+        }
+        let seen = windows
+            .iter()
+            .map(|w| {
+                w.iter()
+                    .map(|(key, tier, count)| Seen {
+                        key: *key,
+                        tier,
+                        current: current[tier.as_str()],
+                        count: *count,
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(report(&self.cfg, seen))
+    }
+
     /// Sets the tiers' gauges from `advice`.
     fn publish(&self, advice: &Advice) {
         for t in &advice.tiers {
@@ -297,67 +437,29 @@ impl Recorder {
     }
 
     fn advice_of(&self, s: &State) -> Advice {
-        let n = s.ring.len();
-        let mut series: HashMap<Key, (u16, Vec<u64>)> = HashMap::new();
-        for (i, w) in s.ring.iter().enumerate() {
-            for &((key, tier), count) in &w.top {
-                let e = series.entry(key).or_insert_with(|| (tier, vec![0; n]));
-                e.0 = tier;
-                e.1[i] += count;
-            }
-        }
-        let tier_name = |t: u16| {
-            s.tiers
-                .get(t as usize)
-                .map_or(("other".to_owned(), 0), |(n, l)| (n.clone(), *l))
+        let tier = |t: u16| match s.tiers.get(t as usize) {
+            Some((name, limit)) => (name.as_str(), *limit),
+            None => ("other", 0),
         };
-        let mut keys: Vec<KeyAdvice> = series
-            .into_iter()
-            .map(|(key, (tier, usage))| {
-                let (tier, current) = tier_name(tier);
-                let peak = usage.iter().copied().max().unwrap_or(0);
-                let percentile = percentile(&usage, self.cfg.percentile);
-                KeyAdvice {
-                    key,
-                    text: key.text().map(str::to_owned),
-                    tier,
-                    usage,
-                    peak,
-                    percentile,
-                    current,
-                    suggested: suggest(percentile, self.cfg.headroom),
-                }
+        let windows = s
+            .ring
+            .iter()
+            .map(|w| {
+                w.top
+                    .iter()
+                    .map(|&((key, t), count)| {
+                        let (tier, current) = tier(t);
+                        Seen {
+                            key,
+                            tier,
+                            current,
+                            count,
+                        }
+                    })
+                    .collect()
             })
             .collect();
-        keys.sort_by(|a, b| b.peak.cmp(&a.peak).then_with(|| a.key.cmp(&b.key)));
-        keys.truncate(self.cfg.top);
-        let mut by_tier: HashMap<&str, (usize, u64, Vec<u64>)> = HashMap::new();
-        for k in &keys {
-            let e = by_tier.entry(&k.tier).or_insert((0, k.current, Vec::new()));
-            e.0 += 1;
-            e.2.extend(k.usage.iter().copied().filter(|&u| u > 0));
-        }
-        let mut tiers: Vec<TierAdvice> = by_tier
-            .into_iter()
-            .map(|(tier, (n, current, active))| {
-                let percentile = percentile(&active, self.cfg.percentile);
-                TierAdvice {
-                    tier: tier.to_owned(),
-                    keys: n,
-                    peak: active.iter().copied().max().unwrap_or(0),
-                    percentile,
-                    current,
-                    suggested: suggest(percentile, self.cfg.headroom),
-                }
-            })
-            .collect();
-        tiers.sort_by(|a, b| a.tier.cmp(&b.tier));
-        Advice {
-            window: self.cfg.window,
-            windows: n,
-            keys,
-            tiers,
-        }
+        report(&self.cfg, windows)
     }
 
     /// Counters and kept entries now: what bounds the advisor's memory.
@@ -367,6 +469,77 @@ impl Recorder {
         s.ring.iter().map(|w| w.top.len()).sum::<usize>()
             + s.sketch.iter().count()
             + s.tier_of.len()
+    }
+}
+
+/// One heavy key in one closed window.
+struct Seen<'a> {
+    key: Key,
+    tier: &'a str,
+    /// The tier's limit per window.
+    current: u64,
+    count: u64,
+}
+
+/// The report on `windows` (oldest first).
+fn report(cfg: &Advisor, windows: Vec<Vec<Seen<'_>>>) -> Advice {
+    let n = windows.len();
+    let mut series: HashMap<Key, (&str, u64, Vec<u64>)> = HashMap::new();
+    for (i, w) in windows.iter().enumerate() {
+        for seen in w {
+            let e = series
+                .entry(seen.key)
+                .or_insert_with(|| (seen.tier, seen.current, vec![0; n]));
+            // The latest tier a key was seen under is its tier.
+            (e.0, e.1) = (seen.tier, seen.current);
+            e.2[i] += seen.count;
+        }
+    }
+    let mut keys: Vec<KeyAdvice> = series
+        .into_iter()
+        .map(|(key, (tier, current, usage))| {
+            let peak = usage.iter().copied().max().unwrap_or(0);
+            let percentile = percentile(&usage, cfg.percentile);
+            KeyAdvice {
+                key,
+                text: key.text().map(str::to_owned),
+                tier: tier.to_owned(),
+                usage,
+                peak,
+                percentile,
+                current,
+                suggested: suggest(percentile, cfg.headroom),
+            }
+        })
+        .collect();
+    keys.sort_by(|a, b| b.peak.cmp(&a.peak).then_with(|| a.key.cmp(&b.key)));
+    keys.truncate(cfg.top);
+    let mut by_tier: HashMap<&str, (usize, u64, Vec<u64>)> = HashMap::new();
+    for k in &keys {
+        let e = by_tier.entry(&k.tier).or_insert((0, k.current, Vec::new()));
+        e.0 += 1;
+        e.2.extend(k.usage.iter().copied().filter(|&u| u > 0));
+    }
+    let mut tiers: Vec<TierAdvice> = by_tier
+        .into_iter()
+        .map(|(tier, (n, current, active))| {
+            let percentile = percentile(&active, cfg.percentile);
+            TierAdvice {
+                tier: tier.to_owned(),
+                keys: n,
+                peak: active.iter().copied().max().unwrap_or(0),
+                percentile,
+                current,
+                suggested: suggest(percentile, cfg.headroom),
+            }
+        })
+        .collect();
+    tiers.sort_by(|a, b| a.tier.cmp(&b.tier));
+    Advice {
+        window: cfg.window,
+        windows: n,
+        keys,
+        tiers,
     }
 }
 
@@ -427,7 +600,7 @@ mod tests {
             .window(Duration::from_secs(1))
             .windows(10)
             .top(20);
-        let r = Recorder::new(cfg, "test");
+        let r = Arc::new(Recorder::new(cfg, &crate::store::Namespace::new("test")));
         let policy = Policy::new(crate::Quota::new(10, Duration::from_secs(1)).unwrap());
         // 1,000,000 keys over 20 windows; one heavy key in each.
         for i in 0..1_000_000u64 {
@@ -463,3 +636,6 @@ mod tests {
         assert!(Advisor::new().window(Duration::ZERO).problem().is_some());
     }
 }
+
+#[cfg(feature = "redis")]
+mod fleet;

@@ -252,6 +252,22 @@ impl<M> RateLimitLayer<M> {
         Some(advisor.advice(self.limiter.clock.now_ms()))
     }
 
+    /// The same report for the whole fleet, when the advisor merges its
+    /// windows in Redis ([`Advisor::fleet`]): this instance's closed
+    /// windows are sent first, then every instance's are read. Without
+    /// `fleet`, this process's report; `Ok(None)` without an advisor.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub async fn fleet_advice(&self) -> Result<Option<Advice>, crate::StoreError> {
+        let Some(advisor) = &self.limiter.advisor else {
+            return Ok(None);
+        };
+        advisor
+            .fleet_advice(self.limiter.clock.now_ms())
+            .await
+            .map(Some)
+    }
+
     /// Coordinated mode: runs one sync now (report counts, read the fleet's,
     /// set ratios) at the layer's clock time. The background task does this
     /// every interval; call it yourself with [`Coordinated::manual_sync`](crate::Coordinated::manual_sync).
@@ -799,7 +815,7 @@ impl Builder<Settings> {
         let advisor = match kind.advisor {
             Some(a) => match a.problem() {
                 Some(problem) => return Err(ConfigError::new(problem)),
-                None => Some(super::advisor::Recorder::new(a, &common.name)),
+                None => Some(Arc::new(super::advisor::Recorder::new(a, &namespace))),
             },
             None => None,
         };

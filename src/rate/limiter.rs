@@ -60,7 +60,7 @@ pub(crate) struct Limiter {
     /// The limits changed at runtime, read before `policy`.
     pub(crate) limits: Arc<super::limits::Table>,
     /// Records usage per key and window, when asked to.
-    pub(crate) advisor: Option<super::advisor::Recorder>,
+    pub(crate) advisor: Option<Arc<super::advisor::Recorder>>,
     pub(crate) cost: Option<Arc<CostFn>>,
     /// The reservation in quotas of other units (default: the cost).
     pub(crate) reserve: Option<Arc<CostFn>>,
