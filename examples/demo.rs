@@ -184,7 +184,9 @@ struct Args {
     /// address (given without one: 127.0.0.1:9091). Keep it on loopback or
     /// behind your own authentication. `PUT /limits/{key}` with a policy as
     /// the body (`100/1m`, `10/1s gcra burst=50, 1000/1h`), `DELETE
-    /// /limits/{key}`, `GET /limits`. A key is the text `--key header:NAME`
+    /// /limits/{key}`, `GET /limits`; `PUT /shadow` runs a policy in shadow
+    /// beside the default, `POST /shadow/promote` makes it the default and
+    /// `DELETE /shadow` stops it. A key is the text `--key header:NAME`
     /// reads. With `--store redis` (one `--redis-url` or Sentinel) the
     /// overrides live in Redis, for every instance and across restarts.
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:9091")]
@@ -292,6 +294,36 @@ async fn put_limit(
     }
 }
 
+/// `PUT /shadow`: runs the body's policy in shadow beside the default.
+async fn put_shadow(State(limits): State<Limits>, body: String) -> Response {
+    let policy: Policy = match body.trim().parse() {
+        Ok(p) => p,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    match limits.shadow(policy).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => limits_error(e),
+    }
+}
+
+/// `DELETE /shadow`: stops the shadow policy.
+async fn delete_shadow(State(limits): State<Limits>) -> Response {
+    match limits.stop_shadow().await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => (StatusCode::NOT_FOUND, "no policy runs in shadow\n").into_response(),
+        Err(e) => limits_error(e),
+    }
+}
+
+/// `POST /shadow/promote`: the shadow policy becomes the default.
+async fn promote_shadow(State(limits): State<Limits>) -> Response {
+    match limits.promote().await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => (StatusCode::NOT_FOUND, "no policy runs in shadow\n").into_response(),
+        Err(e) => limits_error(e),
+    }
+}
+
 /// `DELETE /limits/{key}`: back to the default.
 async fn delete_limit(State(limits): State<Limits>, Path(key): Path<String>) -> Response {
     match limits.remove(&key).await {
@@ -308,11 +340,10 @@ async fn get_limits(State(limits): State<Limits>) -> Response {
         .iter()
         .map(|(k, p)| format!("{}:{}", quoted(k), quoted(&p.to_string())))
         .collect();
-    let default = limits
-        .default_policy()
-        .map_or("null".to_owned(), |p| quoted(&p.to_string()));
+    let text = |p: Option<Policy>| p.map_or("null".to_owned(), |p| quoted(&p.to_string()));
+    let (default, shadow) = (text(limits.default_policy()), text(limits.shadow_policy()));
     json(format!(
-        r#"{{"default":{default},"overrides":{{{}}}}}"#,
+        r#"{{"default":{default},"shadow":{shadow},"overrides":{{{}}}}}"#,
         overrides.join(",")
     ))
 }
@@ -558,6 +589,11 @@ async fn admin_server(
             "/limits/{key}",
             axum::routing::put(put_limit).delete(delete_limit),
         )
+        .route(
+            "/shadow",
+            axum::routing::put(put_shadow).delete(delete_shadow),
+        )
+        .route("/shadow/promote", axum::routing::post(promote_shadow))
         .with_state(limits);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(at)

@@ -328,7 +328,10 @@ async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
     assert_eq!(c.get(&format!("{admin_a}/limits")).await.body, before);
-    assert_eq!(before, r#"{"default":null,"overrides":{"carol":"7/1h"}}"#);
+    assert_eq!(
+        before,
+        r#"{"default":null,"shadow":null,"overrides":{"carol":"7/1h"}}"#
+    );
     applied_within_2s(&c, &b, "carol", 7).await;
 
     // A restarted instance starts with the fleet's overrides.
@@ -340,6 +343,28 @@ async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a
         before,
         "the restarted instance lists the same overrides"
     );
+
+    // A policy in shadow, set through one instance, promoted through the
+    // other: the default for every key without an override.
+    let put = c
+        .send(Method::PUT, &format!("{admin_a}/shadow"), "50/1h")
+        .await;
+    assert_eq!(put.status, StatusCode::NO_CONTENT, "{}", put.body);
+    let bad = c
+        .send(Method::PUT, &format!("{admin_a}/shadow"), "50 an hour")
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let promoted = c
+        .send(Method::POST, &format!("{admin_b}/shadow/promote"), "")
+        .await;
+    assert_eq!(promoted.status, StatusCode::NO_CONTENT, "{}", promoted.body);
+    applied_within_2s(&c, &a, "dave", 50).await;
+    assert_eq!(limit_of(&c, &b, "dave").await, 50);
+    assert_eq!(limit_of(&c, &a, "carol").await, 7, "overrides stay");
+    let again = c
+        .send(Method::POST, &format!("{admin_a}/shadow/promote"), "")
+        .await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
     assert!(a.terminate().success());
     assert!(b.terminate().success());
 }
@@ -385,4 +410,109 @@ async fn a_change_redis_cannot_take_is_refused_and_nothing_changes() {
     }
     assert!(limits.overrides().is_empty());
     assert_eq!(statuses(&layer, "acme", 3).await, ok_then_429(2, 3, "2"));
+}
+
+/// One recorder for this test binary; tests tell their series apart by
+/// limiter name.
+fn snapshotter() -> &'static metrics_util::debugging::Snapshotter {
+    static S: std::sync::OnceLock<metrics_util::debugging::Snapshotter> =
+        std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let s = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("no other recorder in this test binary");
+        s
+    })
+}
+
+/// The would-be rejections counted for `limiter`'s shadow `policy` since
+/// the last read (a snapshot drains counters).
+fn shadow_rejections(limiter: &str, policy: &str) -> u64 {
+    snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| {
+            let key = k.key();
+            key.name() == "ratelimit_shadow_policy_rejections_total"
+                && key
+                    .labels()
+                    .any(|l| l.key() == "limiter" && l.value() == limiter)
+                && key
+                    .labels()
+                    .any(|l| l.key() == "policy" && l.value() == policy)
+        })
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_policy_in_shadow_counts_its_would_be_rejections_and_is_promoted_whole() {
+    snapshotter();
+    let layer = RateLimitLayer::builder()
+        .name("shadowed")
+        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+        .key(Header::try_new("x-tenant").unwrap())
+        .build()
+        .unwrap();
+    let limits = layer.limits();
+    limits.shadow(policy("1/1h")).await.unwrap();
+    limits.set("vip", policy("9/1h")).await.unwrap();
+    assert_eq!(
+        statuses(&layer, "a", 3).await,
+        ok_then_429(2, 3, "2"),
+        "the enforced policy alone decides"
+    );
+    assert_eq!(statuses(&layer, "vip", 2).await, ok_then_429(2, 2, "9"));
+    assert_eq!(
+        shadow_rejections("shadowed", "1/1h"),
+        2,
+        "a's 2nd and 3rd; keys with an override are not shadowed"
+    );
+
+    assert!(limits.promote().await.unwrap());
+    assert_eq!(limits.default_policy(), Some(policy("1/1h")));
+    assert_eq!(limits.shadow_policy(), None);
+    assert_eq!(statuses(&layer, "b", 2).await, ok_then_429(1, 2, "1"));
+    assert_eq!(
+        shadow_rejections("shadowed", "1/1h"),
+        0,
+        "no shadow runs now"
+    );
+    assert!(!limits.promote().await.unwrap(), "nothing left to promote");
+    assert_eq!(limits.default_policy(), Some(policy("1/1h")));
+}
+
+#[tokio::test]
+async fn a_shadow_set_on_one_instance_is_promoted_from_another_through_redis() {
+    use tower_ratelimit::rate::SharedLimits;
+    use tower_ratelimit::store::RedisStore;
+    if !require_redis() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let instance = || {
+        let store = RedisStore::new(redis.url()).unwrap();
+        RateLimitLayer::builder()
+            .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+            .key(Header::try_new("x-tenant").unwrap())
+            .store(store.clone())
+            .shared_limits(SharedLimits::new(store))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (instance(), instance());
+    a.limits().shadow(policy("5/1h")).await.unwrap();
+    b.limits().refresh().await.unwrap();
+    assert_eq!(b.limits().shadow_policy(), Some(policy("5/1h")));
+    assert!(b.limits().promote().await.unwrap());
+    a.limits().refresh().await.unwrap();
+    assert_eq!(a.limits().default_policy(), Some(policy("5/1h")));
+    assert_eq!(a.limits().shadow_policy(), None);
+    assert_eq!(statuses(&a, "acme", 6).await, ok_then_429(5, 6, "5"));
 }

@@ -837,6 +837,7 @@ impl Builder<Settings> {
         );
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
+                shadow_namespace: Namespace::new(&format!("{}.shadow", common.name)),
                 namespace,
                 local_store: store.is_local(),
                 store,

@@ -51,6 +51,8 @@ pub(crate) enum PolicySource {
 
 pub(crate) struct Limiter {
     pub(crate) namespace: Namespace,
+    /// Where a policy running in shadow keeps its state.
+    pub(crate) shadow_namespace: Namespace,
     pub(crate) store: Arc<dyn Store>,
     /// Whether the store is in this process ([`Store::is_local`]).
     pub(crate) local_store: bool,
@@ -210,6 +212,39 @@ impl Limiter {
         }
     }
 
+    /// Charges the policy running in shadow (a runtime limit), in state of
+    /// its own, off the response path, and counts its would-be rejection.
+    /// Not in the coordinated mode, which makes no store call per request.
+    fn charge_shadow(&self, key: Key, candidate: Policy, cost: (u64, u64), now_ms: u64) {
+        #[cfg(feature = "redis")]
+        if self.coordinator.is_some() {
+            return;
+        }
+        let call = Charge {
+            namespace: &self.shadow_namespace,
+            ..self.call(&key, &candidate, cost, now_ms)
+        };
+        let mut fut = self.store.charge(&call);
+        let name = self.namespace.name().to_owned();
+        let done = move |result: Result<Decision, StoreError>| match result {
+            Ok(d) if !d.is_allowed() => {
+                metrics::counter!("ratelimit_shadow_policy_rejections_total", "limiter" => name, "policy" => candidate.to_string()).increment(1);
+            }
+            Ok(_) => {}
+            Err(_) => {
+                metrics::counter!("ratelimit_shadow_policy_errors_total", "limiter" => name)
+                    .increment(1);
+            }
+        };
+        if let Some(result) = fut.now_or_never() {
+            return done(result);
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let backstop = self.backstop;
+            rt.spawn(async move { done(failure::within(backstop, fut).await) });
+        }
+    }
+
     /// The request's key and policy, at once when both are synchronous.
     fn resolve(&self, parts: &Parts) -> Result<Resolution, BoxFuture<Resolution>> {
         let key = match &self.key {
@@ -320,6 +355,9 @@ impl Limiter {
         let now_ms = self.clock.now_ms();
         if let Some(advisor) = &self.advisor {
             advisor.record(key, &policy, cost.0, now_ms);
+        }
+        if let Some(candidate) = self.limits.shadow(&key) {
+            self.charge_shadow(key, candidate, cost, now_ms);
         }
         let asked = Asked {
             key,

@@ -73,6 +73,9 @@ pub enum LimitsError {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Snapshot {
     pub(crate) default: Option<Policy>,
+    /// A candidate default, charged beside the enforced policy of keys
+    /// without an override, its would-be rejections counted.
+    pub(crate) shadow: Option<Policy>,
     /// By key text, in order for listings.
     pub(crate) keys: BTreeMap<String, Policy>,
 }
@@ -131,6 +134,19 @@ impl Table {
         }
     }
 
+    /// The candidate policy a request with `key` is also charged against
+    /// in shadow, if any: keys with an override have none.
+    pub(crate) fn shadow(&self, key: &Key) -> Option<Policy> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        let t = self.snapshot();
+        match t.by_key.contains_key(key) {
+            true => None,
+            false => t.snap.shadow.clone(),
+        }
+    }
+
     /// Changes so far: a cache of decisions made at another generation is stale.
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
@@ -180,6 +196,17 @@ impl Table {
                 }
                 next.default = p.clone();
             }
+            Change::Shadow(p) => {
+                if let Some(p) = p {
+                    self.check_policy(p)?;
+                }
+                next.shadow = p.clone();
+            }
+            Change::Promote => {
+                if let Some(p) = next.shadow.take() {
+                    next.default = Some(p);
+                }
+            }
             Change::Key(key, p) => {
                 check_key(key)?;
                 match p {
@@ -216,6 +243,9 @@ fn check_key(key: &str) -> Result<(), ConfigError> {
 /// One change to the table: `None` removes.
 pub(crate) enum Change {
     Default(Option<Policy>),
+    Shadow(Option<Policy>),
+    /// The shadow policy becomes the default.
+    Promote,
     Key(String, Option<Policy>),
 }
 
@@ -246,6 +276,33 @@ impl Limits {
     /// Goes back to the layer's configured policy for keys without an override.
     pub async fn reset_default(&self) -> Result<(), LimitsError> {
         self.apply(Change::Default(None)).await.map(drop)
+    }
+
+    /// Runs `policy` in shadow beside the default: every request of a key
+    /// without an override is also charged against it, in state of its
+    /// own, and would-be rejections are counted
+    /// (`ratelimit_shadow_policy_rejections_total`, labelled with the
+    /// policy's text); nothing is rejected by it. Replaces any shadow
+    /// policy. A second store call per request, off the response path,
+    /// while it runs; not in the coordinated mode.
+    pub async fn shadow(&self, policy: Policy) -> Result<(), LimitsError> {
+        self.apply(Change::Shadow(Some(policy))).await.map(drop)
+    }
+
+    /// Stops the shadow policy; `Ok(false)` when none ran.
+    pub async fn stop_shadow(&self) -> Result<bool, LimitsError> {
+        self.apply(Change::Shadow(None)).await
+    }
+
+    /// Makes the shadow policy the default, in one change; `Ok(false)`
+    /// (and nothing changes) when none runs.
+    pub async fn promote(&self) -> Result<bool, LimitsError> {
+        self.apply(Change::Promote).await
+    }
+
+    /// The policy running in shadow, if one does.
+    pub fn shadow_policy(&self) -> Option<Policy> {
+        self.table.snapshot().snap.shadow.clone()
     }
 
     /// `key`'s override, if it has one.
@@ -297,6 +354,7 @@ impl Limits {
             .unwrap_or_else(PoisonError::into_inner);
         let existed = match &change {
             Change::Default(_) => self.default_policy().is_some(),
+            Change::Shadow(_) | Change::Promote => self.shadow_policy().is_some(),
             Change::Key(k, _) => self.get(k).is_some(),
         };
         let next = self.table.changed(&change)?;
@@ -311,6 +369,7 @@ impl fmt::Debug for Limits {
         let snap = &t.snap;
         f.debug_struct("Limits")
             .field("default", &snap.default.as_ref().map(|p| p.to_string()))
+            .field("shadow", &snap.shadow.as_ref().map(|p| p.to_string()))
             .field("overrides", &snap.keys.len())
             .finish_non_exhaustive()
     }

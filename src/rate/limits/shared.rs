@@ -120,6 +120,12 @@ pub(crate) struct Shared {
 
 /// The hash field of the runtime default.
 const DEFAULT: &str = "default";
+/// The hash field of the policy running in shadow.
+const SHADOW: &str = "shadow";
+/// Makes the shadow policy the default, when there is one.
+const PROMOTE: &str = "local s = redis.call('HGET', KEYS[1], 'shadow') \
+    if s then redis.call('HSET', KEYS[1], 'default', s) redis.call('HDEL', KEYS[1], 'shadow') end \
+    return 0";
 /// The prefix of an override's hash field, before its key's text.
 const KEY: &str = "key:";
 
@@ -144,15 +150,30 @@ impl Shared {
     pub(crate) async fn write(&self, table: &Table, change: &Change) -> Result<bool, StoreError> {
         let mut pipe = redis::pipe();
         pipe.atomic();
-        let (field, value) = match change {
-            Change::Default(p) => (DEFAULT.to_owned(), p.as_ref().map(Policy::to_string)),
-            Change::Key(k, p) => (format!("{KEY}{k}"), p.as_ref().map(Policy::to_string)),
+        let field = match change {
+            Change::Default(_) => DEFAULT.to_owned(),
+            Change::Shadow(_) | Change::Promote => SHADOW.to_owned(),
+            Change::Key(k, _) => format!("{KEY}{k}"),
         };
         // Whether it was there: HSET and HDEL would say it differently.
         pipe.cmd("HEXISTS").arg(&self.hash).arg(&field);
-        match value {
-            Some(v) => pipe.cmd("HSET").arg(&self.hash).arg(field).arg(v).ignore(),
-            None => pipe.cmd("HDEL").arg(&self.hash).arg(field).ignore(),
+        match change {
+            Change::Default(Some(p)) | Change::Shadow(Some(p)) | Change::Key(_, Some(p)) => pipe
+                .cmd("HSET")
+                .arg(&self.hash)
+                .arg(field)
+                .arg(p.to_string())
+                .ignore(),
+            Change::Default(None) | Change::Shadow(None) | Change::Key(_, None) => {
+                pipe.cmd("HDEL").arg(&self.hash).arg(field).ignore()
+            }
+            // Moved inside Redis, so a shadow set meanwhile elsewhere is the one promoted.
+            Change::Promote => pipe
+                .cmd("EVAL")
+                .arg(PROMOTE)
+                .arg(1)
+                .arg(&self.hash)
+                .ignore(),
         };
         pipe.cmd("INCR").arg(&self.version);
         pipe.cmd("HGETALL").arg(&self.hash);
@@ -256,6 +277,8 @@ impl Shared {
             };
             if field == DEFAULT {
                 snap.default = Some(policy);
+            } else if field == SHADOW {
+                snap.shadow = Some(policy);
             } else if let Some(key) = field.strip_prefix(KEY) {
                 snap.keys.insert(key.to_owned(), policy);
             } else {
