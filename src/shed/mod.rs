@@ -88,8 +88,10 @@
 //! - **Cost.** Two Redis calls per admitted request, whatever the class; the
 //!   one key lives on one Redis node, so its load grows with the fleet's
 //!   request rate. Leased slots were chosen over coordinated counts (a sync
-//!   per interval): a count synced once a second cannot bound requests in
-//!   flight, which change within a request's lifetime.
+//!   per interval, no call per request): between two syncs each instance
+//!   fills the room it last saw, so a fleet of N runs up to N × a class's
+//!   share at once whatever the interval (`tests/fleet_counting_model.rs`
+//!   models both; the numbers are in `docs/performance.md`).
 //! - **Failure.** When Redis fails, the layer's
 //!   [failure policy](crate::OnStoreError) decides: by default it fails open;
 //!   `Local { fraction }` gives each instance that fraction of each class's
