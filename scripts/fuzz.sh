@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-20}
 shift || true
-TARGETS=${*:-"client_ip header_keys redis_keys ietf_headers demo_args redis_replies"}
+TARGETS=${*:-"client_ip header_keys redis_keys ietf_headers demo_args redis_replies policy_text"}
 
 toolchain=()
 sanitizer=()
