@@ -36,6 +36,16 @@ fn layer() -> RateLimitLayer {
         .unwrap()
 }
 
+/// [`layer`]'s limit, with its state in `redis` (and so a deny cache).
+fn on_redis(redis: &RedisServer) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+        .key(Header::try_new("x-tenant").unwrap())
+        .store(tower_ratelimit::store::RedisStore::new(redis.url()).unwrap())
+        .build()
+        .unwrap()
+}
+
 fn policy(text: &str) -> Policy {
     text.parse().unwrap()
 }
@@ -375,12 +385,7 @@ async fn raising_a_limit_lifts_the_rejections_the_deny_cache_holds() {
         return;
     }
     let redis = RedisServer::start();
-    let layer = RateLimitLayer::builder()
-        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
-        .key(Header::try_new("x-tenant").unwrap())
-        .store(tower_ratelimit::store::RedisStore::new(redis.url()).unwrap())
-        .build()
-        .unwrap();
+    let layer = on_redis(&redis);
     // The third is rejected by Redis, the fourth by the deny cache.
     assert_eq!(statuses(&layer, "acme", 4).await, ok_then_429(2, 4, "2"));
     layer.limits().set("acme", policy("5/1h")).await.unwrap();
@@ -515,4 +520,31 @@ async fn a_shadow_set_on_one_instance_is_promoted_from_another_through_redis() {
     assert_eq!(a.limits().default_policy(), Some(policy("5/1h")));
     assert_eq!(a.limits().shadow_policy(), None);
     assert_eq!(statuses(&a, "acme", 6).await, ok_then_429(5, 6, "5"));
+}
+
+#[tokio::test]
+async fn a_rejection_decided_under_limits_changed_meanwhile_is_not_cached() {
+    if !require_redis() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let layer = on_redis(&redis);
+    let mut svc = layer.clone().layer(service_fn(ok));
+    assert_eq!(statuses(&layer, "acme", 2).await, ok_then_429(2, 2, "2"));
+    let req = || {
+        Request::builder()
+            .header("x-tenant", "acme")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    // The third is charged under 2 an hour; the limit is raised while its
+    // answer is on the way, and a fourth is charged under the new one
+    // before the third's rejection comes back.
+    let third = svc.ready().await.unwrap().call(req());
+    layer.limits().set("acme", policy("5/1h")).await.unwrap();
+    let fourth = svc.ready().await.unwrap().call(req());
+    assert_eq!(third.await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(fourth.await.unwrap().status(), StatusCode::OK);
+    // Were the third's rejection cached, this one would be refused from it.
+    assert_eq!(statuses(&layer, "acme", 3).await, ok_then_429(2, 3, "5"));
 }

@@ -173,6 +173,9 @@ struct Asked {
     units: u64,
     now_ms: u64,
     grpc: bool,
+    /// The runtime limits' generation when it was charged: a rejection
+    /// decided under limits changed since is not cached.
+    generation: u64,
 }
 
 /// Where a charge's answer came from.
@@ -366,6 +369,7 @@ impl Limiter {
             units: cost.1,
             now_ms,
             grpc,
+            generation: self.limits.generation(),
         };
         #[cfg(feature = "redis")]
         if let Some(c) = &self.coordinator {
@@ -477,7 +481,11 @@ impl Limiter {
         }
         m.rejected.increment(1);
         if cache {
-            if let Some(d) = &self.denials {
+            if let Some(d) = self
+                .denials
+                .as_ref()
+                .filter(|_| asked.generation == self.limits.generation())
+            {
                 d.insert(
                     asked.key,
                     (asked.cost, asked.units),
