@@ -91,54 +91,21 @@ fn member(key: &Key, tier: &str) -> Vec<u8> {
     m
 }
 
-/// One window from `ZREVRANGE … WITHSCORES` (RESP2's flat list or RESP3's
-/// pairs); members that do not decode are left out.
+/// One window from `ZREVRANGE … WITHSCORES` (redis-rs reads RESP2's flat
+/// list and RESP3's pairs alike); members that do not decode are left out,
+/// and so is a reply of another shape.
 fn window(reply: Value) -> Window {
-    let items = match reply {
-        Value::Array(items) => items,
-        _ => return Vec::new(),
-    };
-    let mut pairs = Vec::new();
-    let mut flat = items.into_iter();
-    while let Some(item) = flat.next() {
-        match item {
-            Value::Array(pair) => {
-                let mut p = pair.into_iter();
-                if let (Some(m), Some(s)) = (p.next(), p.next()) {
-                    pairs.push((m, s));
-                }
-            }
-            m => {
-                if let Some(s) = flat.next() {
-                    pairs.push((m, s));
-                }
-            }
-        }
-    }
+    let pairs: Vec<(Vec<u8>, f64)> = redis::from_redis_value(reply).unwrap_or_default();
     pairs
         .into_iter()
-        .filter_map(|(m, s)| {
-            let Value::BulkString(m) = m else { return None };
+        .filter_map(|(m, score)| {
             let (&len, rest) = m.split_first()?;
             let (k, tier) = rest.split_at_checked(len as usize)?;
             Some((
                 Key::decode(k)?,
                 String::from_utf8(tier.to_vec()).ok()?,
-                score(&s)?,
+                score as u64,
             ))
         })
         .collect()
-}
-
-fn score(v: &Value) -> Option<u64> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()?
-            .parse::<f64>()
-            .ok()
-            .map(|f| f as u64),
-        Value::Double(f) => Some(*f as u64),
-        Value::Int(i) => u64::try_from(*i).ok(),
-        _ => None,
-    }
 }

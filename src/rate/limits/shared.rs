@@ -185,7 +185,7 @@ impl Shared {
         if reply.len() != 3 {
             return Err(protocol(format!("{} replies, not 3", reply.len())));
         }
-        let existed = int(&reply.remove(0))?.unwrap_or(0) > 0;
+        let existed = int(reply.remove(0))?.unwrap_or(0) > 0;
         self.install(table, reply)?;
         Ok(existed)
     }
@@ -214,7 +214,13 @@ impl Shared {
             .query_pipeline(pipe, self.cfg.timeout)
             .await?;
         // No counter yet reads as version 0: nothing was ever changed.
-        let version = reply.first().map(int).transpose()?.flatten().unwrap_or(0);
+        let version = reply
+            .into_iter()
+            .next()
+            .map(int)
+            .transpose()?
+            .flatten()
+            .unwrap_or(0);
         if Some(version) == *self.seen() {
             return Ok(());
         }
@@ -231,7 +237,7 @@ impl Shared {
         let [version, hash]: [Value; 2] = reply
             .try_into()
             .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 2", r.len())))?;
-        let version = int(&version)?.unwrap_or(0);
+        let version = int(version)?.unwrap_or(0);
         let snap = self.parse(hash)?;
         let mut seen = self.seen();
         if seen.is_some_and(|s| s > version) {
@@ -246,21 +252,9 @@ impl Shared {
     /// policy for this layer (written by hand, or by another version) is
     /// left out, with a warning, and the rest applies.
     fn parse(&self, hash: Value) -> Result<Snapshot, StoreError> {
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> = match hash {
-            Value::Map(pairs) => pairs
-                .into_iter()
-                .map(|(k, v)| Ok((bytes(k)?, bytes(v)?)))
-                .collect::<Result<_, StoreError>>()?,
-            Value::Array(items) => items
-                .chunks(2)
-                .map(|kv| match kv {
-                    [k, v] => Ok((bytes(k.clone())?, bytes(v.clone())?)),
-                    _ => Err(protocol("an odd HGETALL reply".into())),
-                })
-                .collect::<Result<_, StoreError>>()?,
-            Value::Nil => Vec::new(),
-            other => return Err(protocol(format!("HGETALL answered {other:?}"))),
-        };
+        // HGETALL: a map in RESP3, a flat list in RESP2, nil for no hash.
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+            redis::from_redis_value(hash).map_err(|e| protocol(format!("HGETALL answered {e}")))?;
         let mut snap = Snapshot::default();
         for (field, value) in pairs {
             let (Ok(field), Ok(value)) = (String::from_utf8(field), String::from_utf8(value))
@@ -321,24 +315,7 @@ fn protocol(what: String) -> StoreError {
     StoreError::Protocol(format!("shared limits: {what}"))
 }
 
-/// An integer reply (`GET` of a counter, `INCR`); `None` for nil.
-fn int(v: &Value) -> Result<Option<i64>, StoreError> {
-    match v {
-        Value::Nil => Ok(None),
-        Value::Int(i) => Ok(Some(*i)),
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .map(Some)
-            .ok_or_else(|| protocol("a version that is not a number".into())),
-        other => Err(protocol(format!("a version of {other:?}"))),
-    }
-}
-
-fn bytes(v: Value) -> Result<Vec<u8>, StoreError> {
-    match v {
-        Value::BulkString(b) => Ok(b),
-        Value::SimpleString(s) => Ok(s.into_bytes()),
-        other => Err(protocol(format!("a hash entry of {other:?}"))),
-    }
+/// An integer reply (`GET` of a counter, `INCR`, `HEXISTS`); `None` for nil.
+fn int(v: Value) -> Result<Option<i64>, StoreError> {
+    redis::from_redis_value(v).map_err(|e| protocol(format!("a count of {e}")))
 }
