@@ -260,8 +260,8 @@ impl<'a> Words<'a> {
     }
 
     /// The value of the last `key=value` word.
-    fn value(&self) -> String {
-        self.value.clone()
+    fn value(&mut self) -> String {
+        std::mem::take(&mut self.value)
     }
 }
 

@@ -377,7 +377,7 @@ impl Limiter {
             return Later::Now(self.verdict(asked, Source::Coordinated, Ok(decision)));
         }
         if let Some(denials) = &self.denials {
-            denials.limits_are(self.limits.generation());
+            denials.limits_are(asked.generation);
             if let Some((decision, policy)) =
                 denials.check(&asked.key, cost, self.clock.monotonic())
             {

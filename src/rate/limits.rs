@@ -91,6 +91,8 @@ pub(crate) struct Installed {
 pub(crate) struct Table {
     /// Whether any change was ever made: until then a request reads nothing.
     active: AtomicBool,
+    /// Whether a policy runs in shadow: until then a request looks for none.
+    shadowing: AtomicBool,
     now: RwLock<Arc<Installed>>,
     /// Held while a change is made here, so two at once never lose one.
     changing: Mutex<()>,
@@ -107,6 +109,7 @@ impl Table {
     pub(crate) fn new(requests_only: bool) -> Self {
         Self {
             active: AtomicBool::new(false),
+            shadowing: AtomicBool::new(false),
             now: RwLock::default(),
             changing: Mutex::new(()),
             generation: AtomicU64::new(0),
@@ -137,7 +140,7 @@ impl Table {
     /// The candidate policy a request with `key` is also charged against
     /// in shadow, if any: keys with an override have none.
     pub(crate) fn shadow(&self, key: &Key) -> Option<Policy> {
-        if !self.active.load(Ordering::Acquire) {
+        if !self.shadowing.load(Ordering::Acquire) {
             return None;
         }
         let t = self.snapshot();
@@ -169,9 +172,11 @@ impl Table {
             .iter()
             .map(|(k, p)| (Key::new(k), p.clone()))
             .collect();
+        let shadowing = next.shadow.is_some();
         let next = Arc::new(Installed { snap: next, by_key });
         *self.now.write().unwrap_or_else(PoisonError::into_inner) = next;
         self.generation.fetch_add(1, Ordering::AcqRel);
+        self.shadowing.store(shadowing, Ordering::Release);
         self.active.store(true, Ordering::Release);
     }
 
@@ -186,46 +191,41 @@ impl Table {
         Ok(())
     }
 
-    /// The table with `change` made, or why it cannot be.
-    fn changed(&self, change: &Change) -> Result<Snapshot, ConfigError> {
-        let mut next = self.snapshot().snap.clone();
+    /// Why `change` cannot be made to `snap`, if it cannot.
+    fn check(&self, change: &Change, snap: &Snapshot) -> Result<(), ConfigError> {
         match change {
-            Change::Default(p) => {
-                if let Some(p) = p {
-                    self.check_policy(p)?;
-                }
-                next.default = p.clone();
+            Change::Default(p) | Change::Shadow(p) => {
+                p.iter().try_for_each(|p| self.check_policy(p))
             }
-            Change::Shadow(p) => {
-                if let Some(p) = p {
-                    self.check_policy(p)?;
-                }
-                next.shadow = p.clone();
-            }
-            Change::Promote => {
-                if let Some(p) = next.shadow.take() {
-                    next.default = Some(p);
-                }
-            }
+            Change::Promote => Ok(()),
             Change::Key(key, p) => {
                 check_key(key)?;
-                match p {
-                    Some(p) => {
-                        self.check_policy(p)?;
-                        if !next.keys.contains_key(key) && next.keys.len() >= MAX_OVERRIDES {
-                            return Err(ConfigError::new(format!(
-                                "this layer already has {MAX_OVERRIDES} overrides; remove some first"
-                            )));
-                        }
-                        next.keys.insert(key.clone(), p.clone());
-                    }
-                    None => {
-                        next.keys.remove(key);
-                    }
+                let Some(p) = p else { return Ok(()) };
+                self.check_policy(p)?;
+                if !snap.keys.contains_key(key) && snap.keys.len() >= MAX_OVERRIDES {
+                    return Err(ConfigError::new(format!(
+                        "this layer already has {MAX_OVERRIDES} overrides; remove some first"
+                    )));
                 }
+                Ok(())
             }
         }
-        Ok(next)
+    }
+
+    /// The table with `change` made, and whether what it changes was
+    /// there before; or why it cannot be made.
+    fn changed(&self, change: &Change) -> Result<(Snapshot, bool), ConfigError> {
+        let mut next = self.snapshot().snap.clone();
+        self.check(change, &next)?;
+        let existed = match change {
+            Change::Default(p) => std::mem::replace(&mut next.default, p.clone()).is_some(),
+            Change::Shadow(p) => std::mem::replace(&mut next.shadow, p.clone()).is_some(),
+            // Whether a shadow policy was there to promote.
+            Change::Promote => next.shadow.take().map(|p| next.default = Some(p)).is_some(),
+            Change::Key(key, Some(p)) => next.keys.insert(key.clone(), p.clone()).is_some(),
+            Change::Key(key, None) => next.keys.remove(key).is_some(),
+        };
+        Ok((next, existed))
     }
 }
 
@@ -344,7 +344,7 @@ impl Limits {
         if let Some(shared) = &self.table.shared {
             // Checked here, then written to Redis in one transaction that
             // reads the whole table back.
-            self.table.changed(&change)?;
+            self.table.check(&change, &self.table.snapshot().snap)?;
             return Ok(shared.write(&self.table, &change).await?);
         }
         let _one_at_a_time = self
@@ -352,12 +352,7 @@ impl Limits {
             .changing
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let existed = match &change {
-            Change::Default(_) => self.default_policy().is_some(),
-            Change::Shadow(_) | Change::Promote => self.shadow_policy().is_some(),
-            Change::Key(k, _) => self.get(k).is_some(),
-        };
-        let next = self.table.changed(&change)?;
+        let (next, existed) = self.table.changed(&change)?;
         self.table.install(next);
         Ok(existed)
     }

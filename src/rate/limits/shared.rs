@@ -238,7 +238,7 @@ impl Shared {
             .try_into()
             .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 2", r.len())))?;
         let version = int(version)?.unwrap_or(0);
-        let snap = self.parse(hash)?;
+        let snap = self.parse(table, hash)?;
         let mut seen = self.seen();
         if seen.is_some_and(|s| s > version) {
             return Ok(());
@@ -251,7 +251,7 @@ impl Shared {
     /// The table from `HGETALL`'s answer. An entry that does not read as a
     /// policy for this layer (written by hand, or by another version) is
     /// left out, with a warning, and the rest applies.
-    fn parse(&self, hash: Value) -> Result<Snapshot, StoreError> {
+    fn parse(&self, table: &Table, hash: Value) -> Result<Snapshot, StoreError> {
         // HGETALL: a map in RESP3, a flat list in RESP2, nil for no hash.
         let pairs: Vec<(Vec<u8>, Vec<u8>)> =
             redis::from_redis_value(hash).map_err(|e| protocol(format!("HGETALL answered {e}")))?;
@@ -262,7 +262,8 @@ impl Shared {
                 self.skip("a field or value that is not UTF-8", "");
                 continue;
             };
-            let policy = match value.parse::<Policy>() {
+            let read = value.parse::<Policy>();
+            let policy = match read.and_then(|p| table.check_policy(&p).map(|()| p)) {
                 Ok(p) => p,
                 Err(e) => {
                     self.skip(&e.to_string(), &field);
