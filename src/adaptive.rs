@@ -7,6 +7,7 @@
 //! `limit × (1 − least / latency)` requests are queued. While that queue is
 //! short the limit grows; while it is long it shrinks; in between it holds.
 
+use crate::error::ConfigError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -80,14 +81,15 @@ impl Adaptive {
         self
     }
 
-    /// Why the bounds are wrong, if they are.
-    pub(crate) fn problem(&self) -> Option<String> {
-        (!(1 <= self.min && self.min <= self.initial && self.initial <= self.max)).then(|| {
-            format!(
-                "an adaptive limit needs 1 <= min <= initial <= max, got min {}, initial {}, max {}",
-                self.min, self.initial, self.max
-            )
-        })
+    /// Refuses bounds that are wrong.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if 1 <= self.min && self.min <= self.initial && self.initial <= self.max {
+            return Ok(());
+        }
+        Err(ConfigError::new(format!(
+            "an adaptive limit needs 1 <= min <= initial <= max, got min {}, initial {}, max {}",
+            self.min, self.initial, self.max
+        )))
     }
 }
 
@@ -286,9 +288,9 @@ mod tests {
 
     #[test]
     fn bad_bounds_are_refused() {
-        assert!(Adaptive::new().problem().is_none());
-        assert!(Adaptive::new().min(0).problem().is_some());
-        assert!(Adaptive::new().initial(5).min(10).problem().is_some());
-        assert!(Adaptive::new().max(10).problem().is_some());
+        assert!(Adaptive::new().check().is_ok());
+        assert!(Adaptive::new().min(0).check().is_err());
+        assert!(Adaptive::new().initial(5).min(10).check().is_err());
+        assert!(Adaptive::new().max(10).check().is_err());
     }
 }

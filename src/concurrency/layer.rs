@@ -91,9 +91,7 @@ impl ConcurrencyLimitLayer {
             },
         )
     }
-}
 
-impl ConcurrencyLimitLayer {
     /// The requests a key may have in flight now: the configured limit, or
     /// where an [`adaptive`](ConcurrencyLimitLayerBuilder::adaptive) one stands.
     ///
@@ -262,10 +260,10 @@ impl Builder<Settings> {
                 return Err(ConfigError::new("the concurrency limit must be at least 1"))
             }
             (Some(n), None) => Limit::Fixed(u64::from(n)),
-            (None, Some(a)) => match a.problem() {
-                Some(problem) => return Err(ConfigError::new(problem)),
-                None => Limit::Adaptive(Arc::new(AdaptiveLimit::new(a))),
-            },
+            (None, Some(a)) => {
+                a.check()?;
+                Limit::Adaptive(Arc::new(AdaptiveLimit::new(a)))
+            }
         };
         let slots = Slots::new(&common, "concurrency", &CONCURRENCY, kind.lease)?;
         Ok(ConcurrencyLimitLayer {

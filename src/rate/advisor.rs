@@ -11,6 +11,7 @@
 //! headroom, rounded up; per tier (the policy a key was limited under),
 //! the same over its heavy keys.
 
+use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Policy;
 use std::collections::{HashMap, VecDeque};
@@ -117,32 +118,37 @@ impl Advisor {
         self
     }
 
-    pub(crate) fn problem(&self) -> Option<String> {
+    /// Refuses settings that are wrong.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         #[cfg(feature = "redis")]
         if self.fleet.as_ref().is_some_and(|s| s.is_cluster()) {
-            return Some(
-                "the advisor's fleet windows live on one Redis primary: not a Cluster".into(),
-            );
+            return Err(ConfigError::new(
+                "the advisor's fleet windows live on one Redis primary: not a Cluster",
+            ));
         }
         if self.window < Duration::from_millis(1) {
-            return Some("the advisor's window must be at least 1ms".into());
+            return Err(ConfigError::new(
+                "the advisor's window must be at least 1ms",
+            ));
         }
         if self.windows == 0 || self.top == 0 {
-            return Some("the advisor keeps at least one window and one key".into());
+            return Err(ConfigError::new(
+                "the advisor keeps at least one window and one key",
+            ));
         }
         if !(self.percentile > 0.0 && self.percentile <= 1.0) {
-            return Some(format!(
+            return Err(ConfigError::new(format!(
                 "the advisor's percentile must be above 0 and at most 1, got {}",
                 self.percentile
-            ));
+            )));
         }
         if !(self.headroom >= 1.0 && self.headroom.is_finite()) {
-            return Some(format!(
+            return Err(ConfigError::new(format!(
                 "the advisor's headroom must be at least 1, got {}",
                 self.headroom
-            ));
+            )));
         }
-        None
+        Ok(())
     }
 }
 
@@ -626,14 +632,14 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused() {
-        assert!(Advisor::new().problem().is_none());
-        assert!(Advisor::new().top(0).problem().is_some());
-        assert!(Advisor::new().windows(0).problem().is_some());
-        assert!(Advisor::new().percentile(0.0).problem().is_some());
-        assert!(Advisor::new().percentile(1.5).problem().is_some());
-        assert!(Advisor::new().headroom(0.5).problem().is_some());
-        assert!(Advisor::new().headroom(f64::NAN).problem().is_some());
-        assert!(Advisor::new().window(Duration::ZERO).problem().is_some());
+        assert!(Advisor::new().check().is_ok());
+        assert!(Advisor::new().top(0).check().is_err());
+        assert!(Advisor::new().windows(0).check().is_err());
+        assert!(Advisor::new().percentile(0.0).check().is_err());
+        assert!(Advisor::new().percentile(1.5).check().is_err());
+        assert!(Advisor::new().headroom(0.5).check().is_err());
+        assert!(Advisor::new().headroom(f64::NAN).check().is_err());
+        assert!(Advisor::new().window(Duration::ZERO).check().is_err());
     }
 }
 

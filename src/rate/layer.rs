@@ -813,10 +813,10 @@ impl Builder<Settings> {
         #[cfg(not(feature = "redis"))]
         let limits = Table::new(false);
         let advisor = match kind.advisor {
-            Some(a) => match a.problem() {
-                Some(problem) => return Err(ConfigError::new(problem)),
-                None => Some(Arc::new(super::advisor::Recorder::new(a, &namespace))),
-            },
+            Some(a) => {
+                a.check()?;
+                Some(Arc::new(super::advisor::Recorder::new(a, &namespace)))
+            }
             None => None,
         };
         let fallback =

@@ -428,10 +428,10 @@ impl Builder<Settings> {
                     "a capacity is fixed (.capacity) or adaptive (.adaptive), not both",
                 ))
             }
-            (None, Some(a)) => match a.problem() {
-                Some(why) => return Err(ConfigError::new(why)),
-                None => Some(Capacity::adaptive(a)),
-            },
+            (None, Some(a)) => {
+                a.check()?;
+                Some(Capacity::adaptive(a))
+            }
             (None, None) => None,
             (Some(cap), None) => Some(Capacity::Fixed(cap, limits("capacity", cap, kind.shares)?)),
         };
