@@ -280,9 +280,9 @@ async fn put_limit(
     Path(key): Path<String>,
     body: String,
 ) -> Response {
-    let policy: Policy = match body.trim().parse() {
+    let policy = match policy_of(&body) {
         Ok(p) => p,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Err(bad) => return bad.into_response(),
     };
     match limits.set(&key, policy.clone()).await {
         Ok(()) => json(format!(
@@ -296,9 +296,9 @@ async fn put_limit(
 
 /// `PUT /shadow`: runs the body's policy in shadow beside the default.
 async fn put_shadow(State(limits): State<Limits>, body: String) -> Response {
-    let policy: Policy = match body.trim().parse() {
+    let policy = match policy_of(&body) {
         Ok(p) => p,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Err(bad) => return bad.into_response(),
     };
     match limits.shadow(policy).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
@@ -308,29 +308,17 @@ async fn put_shadow(State(limits): State<Limits>, body: String) -> Response {
 
 /// `DELETE /shadow`: stops the shadow policy.
 async fn delete_shadow(State(limits): State<Limits>) -> Response {
-    match limits.stop_shadow().await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => (StatusCode::NOT_FOUND, "no policy runs in shadow\n").into_response(),
-        Err(e) => limits_error(e),
-    }
+    done_or_404(limits.stop_shadow().await, "no policy runs in shadow")
 }
 
 /// `POST /shadow/promote`: the shadow policy becomes the default.
 async fn promote_shadow(State(limits): State<Limits>) -> Response {
-    match limits.promote().await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => (StatusCode::NOT_FOUND, "no policy runs in shadow\n").into_response(),
-        Err(e) => limits_error(e),
-    }
+    done_or_404(limits.promote().await, "no policy runs in shadow")
 }
 
 /// `DELETE /limits/{key}`: back to the default.
 async fn delete_limit(State(limits): State<Limits>, Path(key): Path<String>) -> Response {
-    match limits.remove(&key).await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => (StatusCode::NOT_FOUND, "no override for this key\n").into_response(),
-        Err(e) => limits_error(e),
-    }
+    done_or_404(limits.remove(&key).await, "no override for this key")
 }
 
 /// `GET /limits`: the runtime default and every override.
@@ -346,6 +334,22 @@ async fn get_limits(State(limits): State<Limits>) -> Response {
         r#"{{"default":{default},"shadow":{shadow},"overrides":{{{}}}}}"#,
         overrides.join(",")
     ))
+}
+
+/// The policy a request's body writes, or the 400 that says why it is none.
+fn policy_of(body: &str) -> Result<Policy, (StatusCode, String)> {
+    body.trim()
+        .parse()
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e}\n")))
+}
+
+/// 204 when the change found what it changes, 404 (saying `none`) when not.
+fn done_or_404(changed: Result<bool, LimitsError>, none: &str) -> Response {
+    match changed {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => (StatusCode::NOT_FOUND, format!("{none}\n")).into_response(),
+        Err(e) => limits_error(e),
+    }
 }
 
 /// A refused change is the caller's mistake (400); a store that cannot
