@@ -177,11 +177,7 @@ impl Shared {
         };
         pipe.cmd("INCR").arg(&self.version);
         pipe.cmd("HGETALL").arg(&self.hash);
-        let mut reply = self
-            .cfg
-            .store
-            .query_pipeline(pipe, self.cfg.timeout)
-            .await?;
+        let mut reply = self.query(pipe).await?;
         if reply.len() != 3 {
             return Err(protocol(format!("{} replies, not 3", reply.len())));
         }
@@ -190,17 +186,18 @@ impl Shared {
         Ok(existed)
     }
 
+    /// Runs `pipe` on the primary, within the timeout.
+    async fn query(&self, pipe: redis::Pipeline) -> Result<Vec<Value>, StoreError> {
+        self.cfg.store.query_pipeline(pipe, self.cfg.timeout).await
+    }
+
     /// Reads the whole table and installs it.
     pub(crate) async fn refresh(&self, table: &Table) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.atomic();
         pipe.cmd("GET").arg(&self.version);
         pipe.cmd("HGETALL").arg(&self.hash);
-        let reply = self
-            .cfg
-            .store
-            .query_pipeline(pipe, self.cfg.timeout)
-            .await?;
+        let reply = self.query(pipe).await?;
         self.install(table, reply)
     }
 
@@ -208,11 +205,7 @@ impl Shared {
     async fn poll(&self, table: &Table) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(&self.version);
-        let reply = self
-            .cfg
-            .store
-            .query_pipeline(pipe, self.cfg.timeout)
-            .await?;
+        let reply = self.query(pipe).await?;
         // No counter yet reads as version 0: nothing was ever changed.
         let version = reply
             .into_iter()
