@@ -58,12 +58,18 @@ impl Fleet {
         }
     }
 
-    /// One interval: `OFFERED` requests round-robin over the instances, then
-    /// the clock moves on and every instance syncs. Returns how many were admitted.
+    /// One interval: `OFFERED` requests round-robin over the instances,
+    /// evenly spread over it, then every instance syncs. Returns how many
+    /// were admitted.
     async fn interval(&mut self) -> (usize, Option<http::HeaderMap>) {
         let mut admitted = 0;
         let mut rejection = None;
-        for _ in 0..OFFERED {
+        let start = self.clock.now_ms();
+        let step = INTERVAL.as_millis() as u64;
+        for k in 0..OFFERED {
+            let at = start + k as u64 * step / OFFERED as u64;
+            self.clock
+                .advance(Duration::from_millis(at - self.clock.now_ms()));
             let layer = &self.layers[self.next % INSTANCES];
             self.next += 1;
             let mut svc = layer.layer(service_fn(|_req: Request<Body>| async {
@@ -82,7 +88,8 @@ impl Fleet {
                 other => panic!("unexpected {other}"),
             }
         }
-        self.clock.advance(INTERVAL);
+        self.clock
+            .advance(Duration::from_millis(start + step - self.clock.now_ms()));
         for layer in &self.layers {
             let _ = layer.sync_now().await;
         }

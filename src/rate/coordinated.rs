@@ -1,13 +1,25 @@
 //! Coordinated mode: fleet-wide limits with no store call on the request path.
 //!
-//! Each instance decides locally with one number per key, the *drop ratio*
-//! `(actual − limit) / actual`, where `actual` is the fleet's offered rate. A
-//! background task per layer, every sync interval, reports this instance's
-//! offered counts into time-bucketed Redis counters (one pipelined round trip
-//! for all keys) and reads back the fleet's count for the last complete
-//! interval. Requests are dropped at random with that ratio. Enforcement lags
-//! traffic by one to two intervals; the limit holds on average, not per
-//! request (use the strict mode for exactness).
+//! Every sync interval, a background task per layer reports this instance's
+//! offered counts into Redis counters, one per key and interval (the
+//! interval the requests arrived in, on the wall clock every instance
+//! shares), and reads back the fleet's count for an interval every instance
+//! has finished reporting. From the two counts each instance learns its
+//! **share** of the key's traffic, and so its share of the limit:
+//!
+//! ```text
+//! allowance = limit × (own offered ÷ fleet offered)
+//! ```
+//!
+//! The allowances of all instances add up to the limit whatever the counts
+//! are, so noise in them does not turn into overshoot. Between syncs, each
+//! instance holds its admissions to its allowance with a local budget that
+//! refills at that rate and holds half a sync interval of it (see
+//! [`Coordinated::burst`]): a surge is met the moment it reaches an
+//! instance, and when it ends the instance admits again at once, with no
+//! ratio left to decay. An instance with no share yet (it just joined, or
+//! the key is new to it) drops at random with the fleet-wide ratio
+//! `(fleet − limit) ÷ fleet` instead.
 //!
 //! ```no_run
 //! # fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,19 +33,40 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Failure: if Redis cannot be reached, the last ratios stay in force until the
-//! staleness bound (default three intervals), then fall to zero: the mode fails
-//! open. Shadow mode computes and counts would-be drops and drops nothing.
+//! # What moves the shares
+//!
+//! Shares come from counts one to two intervals old, which is right while
+//! the balancer keeps spreading load the way it did:
+//! - an **uneven balancer** is no problem: each instance's share is what it
+//!   really receives;
+//! - a **spike at one instance** is held to that instance's old share, so
+//!   the fleet stays at the limit and that instance's clients see the drops,
+//!   until the next counts give it the larger share (two intervals);
+//! - an instance that **joins** drops with the fleet-wide ratio until it has
+//!   a share; one that **leaves** takes its share with it, so the others
+//!   admit a little less than the limit for two intervals.
+//!
+//! # Redis load
+//!
+//! Each sync sends three commands per active key (`INCRBY` and `PEXPIRE`
+//! into the interval's counter, `GET` of the read interval), in one pipeline
+//! per Redis node, whatever the request rate: `3 × instances × keys ÷
+//! interval` commands per second. A `RedisStore::cluster` or a
+//! [`ShardedStore`](crate::store::ShardedStore) ([`Coordinated::sharded`])
+//! spreads the counters over the nodes by key. If a node does not answer,
+//! only its keys keep their last shares, until the staleness bound (default
+//! three intervals); then they fail open. Shadow mode counts would-be drops
+//! and drops nothing.
 
 use crate::bounded::{self, Bounded};
 use crate::clock::Clock;
 use crate::decision::{Decision, QuotaStatus};
-use crate::error::ConfigError;
+use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::periodic::Periodic;
 use crate::quota::{Policy, Quota};
-use crate::store::{Namespace, RedisStore};
-use deadpool_redis::redis::{self, Value};
+use crate::store::{Namespace, RedisStore, ShardedStore};
+use deadpool_redis::redis::{self, Cmd, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -42,8 +75,9 @@ use tokio::time::Instant;
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Coordinated {
-    store: RedisStore,
+    counters: Counters,
     interval: Duration,
+    burst: Option<Duration>,
     max_keys: usize,
     staleness: Option<Duration>,
     seed: Option<u64>,
@@ -51,12 +85,42 @@ pub struct Coordinated {
     timeout: Option<Duration>,
 }
 
+/// Where the counters live.
+#[derive(Clone, Debug)]
+enum Counters {
+    /// One Redis (a standalone primary, Sentinel's primary, or a Cluster).
+    One(RedisStore),
+    /// Spread over shards by key, as the sharded store places its keys;
+    /// the shards' Redis stores, once checked.
+    Sharded(ShardedStore, Vec<RedisStore>),
+}
+
 impl Coordinated {
-    /// Coordinates through `store`'s Redis (its primary connections).
+    /// Coordinates through `store`'s Redis: its primary, or on a Cluster the
+    /// primary serving each key's slot.
     pub fn new(store: RedisStore) -> Self {
+        Self::with(Counters::One(store))
+    }
+
+    /// Coordinates through the shards of `store`, each key's counters on the
+    /// shard that holds its state in the strict mode. Every shard must be a
+    /// Redis one (added with
+    /// [`ShardedStoreBuilder::shard`](crate::store::ShardedStoreBuilder::shard)).
+    ///
+    /// ```no_run
+    /// # use tower_ratelimit::{store::ShardedStore, Coordinated};
+    /// let shards = ShardedStore::from_urls(["redis://10.0.0.1", "redis://10.0.0.2"]).unwrap();
+    /// let c = Coordinated::sharded(shards);
+    /// ```
+    pub fn sharded(store: ShardedStore) -> Self {
+        Self::with(Counters::Sharded(store, Vec::new()))
+    }
+
+    fn with(counters: Counters) -> Self {
         Self {
-            store,
+            counters,
             interval: Duration::from_secs(1),
+            burst: None,
             max_keys: 10_000,
             staleness: None,
             seed: None,
@@ -83,7 +147,7 @@ impl Coordinated {
             .max(Duration::from_millis(1))
     }
 
-    /// How often counts are reported and ratios recomputed (default 1 s).
+    /// How often counts are reported and shares recomputed (default 1 s).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -92,6 +156,23 @@ impl Coordinated {
     /// ```
     pub fn sync_interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
+        self
+    }
+
+    /// How far ahead of its allowance an instance may run: its local budget
+    /// holds this long of its allowance (default half the sync interval).
+    /// Longer absorbs burstier traffic at each instance; shorter lets less
+    /// of a surge through before the budget binds. At a 15-fold surge with
+    /// the default, the fleet admits about 1.25 times its limit over the
+    /// surge's first two seconds (1 s interval).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
+    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).burst(Duration::from_millis(200));
+    /// ```
+    pub fn burst(mut self, burst: Duration) -> Self {
+        self.burst = Some(burst);
         self
     }
 
@@ -108,8 +189,8 @@ impl Coordinated {
         self
     }
 
-    /// How long ratios stay in force without a successful sync before they
-    /// fall to zero (default three sync intervals).
+    /// How long a key's share stays in force without a successful sync of
+    /// that key before the key fails open (default three sync intervals).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -146,58 +227,170 @@ impl Coordinated {
     }
 
     /// Checks the settings when the layer is built.
-    pub(crate) fn check(self) -> Result<Self, ConfigError> {
+    pub(crate) fn check(mut self) -> Result<Self, ConfigError> {
         if self.interval.is_zero() {
             return Err(ConfigError::new(
                 "the coordinated sync interval must be above zero",
             ));
         }
-        if self.store.is_cluster() {
-            return Err(ConfigError::new(
-                "the coordinated mode syncs many clients' keys in one pipeline, which a \
-                 Redis Cluster cannot route: give it a standalone Redis",
-            ));
+        if let Counters::Sharded(sharded, stores) = &mut self.counters {
+            *stores = sharded.redis_shards().ok_or_else(|| {
+                ConfigError::new(
+                    "the coordinated mode keeps its counters in Redis: every shard of its \
+                     sharded store must be a Redis store (ShardedStoreBuilder::shard)",
+                )
+            })?;
         }
         Ok(self)
     }
 }
 
-/// Per-key state: offered units since the last sync, and what the fleet did.
+/// How many intervals of local counts a key keeps: the one being counted,
+/// the ones not yet reported, and the one shares are read from.
+const EPOCHS: usize = 4;
+
+/// The weight of the newest interval in the smoothed counts.
+const SMOOTHING: f64 = 0.25;
+
+/// This instance's offered units in one interval.
+#[derive(Clone, Copy, Debug, Default)]
+struct Count {
+    epoch: u64,
+    offered: u64,
+    /// Whether Redis has it (a failed report is sent again by the next
+    /// sync, if that sync does not read it).
+    reported: bool,
+}
+
+/// What the last sync taught about a key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Share {
+    /// Nothing to hold to: no sync yet, or the fleet is under the limit and
+    /// this instance sent nothing.
+    Open,
+    /// This instance's share of the limit, in units per millisecond.
+    Allowance(f64),
+    /// No share of its own yet: drop at random with the fleet's ratio.
+    Ratio(f64),
+}
+
+/// Per-key state.
 #[derive(Debug)]
 struct Tracked {
-    offered: u64,
-    /// The drop ratio in force.
-    ratio: f64,
-    /// The fleet's offered units in the last complete interval.
+    counts: [Count; EPOCHS],
+    share: Share,
+    /// The local budget: units left, and when it was last refilled (layer clock, ms).
+    budget: f64,
+    refilled: u64,
+    /// The fleet's offered units in the last interval read.
     fleet: u64,
+    /// This instance's and the fleet's counts, smoothed over intervals.
+    smoothed: Option<(f64, f64)>,
+    /// When this key last synced, on the layer clock's monotonic instant.
+    synced: Option<Instant>,
     /// The binding quota's limit and window, as of the last request.
     limit: u64,
     window_ms: u64,
-    /// Syncs in a row without local traffic.
-    idle: u32,
+}
+
+impl Tracked {
+    fn new(limit: u64, window_ms: u64, now: u64) -> Self {
+        Self {
+            counts: [Count::default(); EPOCHS],
+            share: Share::Open,
+            budget: 0.0,
+            refilled: now,
+            fleet: 0,
+            smoothed: None,
+            synced: None,
+            limit,
+            window_ms,
+        }
+    }
+
+    fn count(&mut self, epoch: u64, cost: u64) {
+        let c = &mut self.counts[(epoch % EPOCHS as u64) as usize];
+        if c.epoch != epoch {
+            *c = Count {
+                epoch,
+                ..Count::default()
+            };
+        }
+        c.offered += cost;
+    }
+
+    fn at(&self, epoch: u64) -> Option<&Count> {
+        let c = &self.counts[(epoch % EPOCHS as u64) as usize];
+        (c.epoch == epoch && c.offered > 0).then_some(c)
+    }
+
+    fn newest(&self) -> u64 {
+        self.counts
+            .iter()
+            .filter(|c| c.offered > 0)
+            .map(|c| c.epoch)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 impl bounded::Entry for Tracked {
-    type Now = ();
+    /// The current interval.
+    type Now = u64;
 
-    /// A key without local traffic for three syncs is forgotten.
-    fn expired(&self, (): ()) -> bool {
-        self.idle > 2
+    /// A key without local traffic for three intervals is forgotten.
+    fn expired(&self, epoch: u64) -> bool {
+        self.newest() + 3 < epoch
     }
 
-    fn worth(&self, (): ()) -> (f64, u64) {
-        ((self.offered + self.fleet) as f64, 0)
+    fn worth(&self, _: u64) -> (f64, u64) {
+        let offered: u64 = self.counts.iter().map(|c| c.offered).sum();
+        ((offered + self.fleet) as f64, 0)
+    }
+}
+
+/// A request's verdict before any random draw.
+enum Verdict {
+    Admit,
+    /// Out of budget: when it has room for the request again (ms).
+    Drop(u64),
+    /// Drop when a uniform draw falls under this ratio.
+    Draw(f64),
+}
+
+/// One key's part of a sync.
+struct Item {
+    key: Key,
+    /// Which counter store holds it.
+    store: usize,
+    /// Intervals reported now, with their counts.
+    reports: Vec<(u64, u64)>,
+    /// This instance's reported count in the interval read.
+    local: u64,
+}
+
+/// The commands of one sync for one counter store, each with the item it
+/// serves (`true` for the item's read).
+#[derive(Default)]
+struct Batch {
+    cmds: Vec<Cmd>,
+    owners: Vec<(usize, bool)>,
+}
+
+impl Batch {
+    fn push(&mut self, cmd: &mut Cmd, item: usize, read: bool) {
+        self.cmds.push(std::mem::take(cmd));
+        self.owners.push((item, read));
     }
 }
 
 pub(crate) struct Coordinator {
     cfg: Coordinated,
     interval_ms: u64,
+    burst_ms: f64,
     staleness: Duration,
     namespace: Namespace,
     keys: Bounded<Key, Tracked>,
-    /// When the last sync succeeded, on the layer clock's monotonic instant.
-    synced: std::sync::Mutex<Option<Instant>>,
     clock: Arc<dyn Clock>,
     background: Periodic,
     rng: std::sync::Mutex<fastrand::Rng>,
@@ -207,6 +400,9 @@ impl Coordinator {
     pub(crate) fn new(cfg: Coordinated, namespace: Namespace, clock: Arc<dyn Clock>) -> Self {
         let interval_ms = (cfg.interval.as_millis() as u64).max(1);
         let staleness = cfg.staleness.unwrap_or(cfg.interval * 3);
+        let burst_ms = cfg
+            .burst
+            .map_or(interval_ms as f64 / 2.0, |b| b.as_secs_f64() * 1e3);
         let rng = cfg
             .seed
             .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
@@ -214,17 +410,17 @@ impl Coordinator {
             keys: Bounded::new(cfg.max_keys, 16),
             cfg,
             interval_ms,
+            burst_ms,
             staleness,
             namespace,
-            synced: std::sync::Mutex::new(None),
             clock,
             background: Periodic::default(),
             rng: std::sync::Mutex::new(rng),
         }
     }
 
-    /// The request path: count the offer, read the key's drop ratio, and
-    /// reject when a random draw falls under it.
+    /// The request path: count the offer, then hold it to the key's
+    /// allowance (or its fleet ratio).
     pub(crate) fn decide(
         self: &Arc<Self>,
         key: &Key,
@@ -255,36 +451,41 @@ impl Coordinator {
         else {
             return Decision::from_statuses(policy.quotas().iter().map(open), cost);
         };
-        let fresh = self.fresh();
-        let ((ratio, fleet), _) = self.keys.update(*key, (), |t| match t {
+        let epoch = now / self.interval_ms;
+        let mono = self.clock.monotonic();
+        let ((verdict, fleet), _) = self.keys.update(*key, epoch, |t| match t {
             Some(t) => {
-                t.offered += cost;
+                t.count(epoch, cost);
                 t.limit = q.limit();
                 t.window_ms = q.window_ms();
-                ((if fresh { t.ratio } else { 0.0 }, t.fleet), None)
+                let fresh = t.synced.is_some_and(|at| mono < at + self.staleness);
+                let verdict = if fresh {
+                    self.verdict(t, cost, now)
+                } else {
+                    Verdict::Admit
+                };
+                ((verdict, t.fleet), None)
             }
-            None => (
-                (0.0, 0),
-                Some(Tracked {
-                    offered: cost,
-                    ratio: 0.0,
-                    fleet: 0,
-                    limit: q.limit(),
-                    window_ms: q.window_ms(),
-                    idle: 0,
-                }),
-            ),
+            None => {
+                let mut t = Tracked::new(q.limit(), q.window_ms(), now);
+                t.count(epoch, cost);
+                ((Verdict::Admit, 0), Some(t))
+            }
         });
-        let drop = ratio > 0.0 && self.draw() < ratio;
+        let retry_after_ms = match verdict {
+            Verdict::Admit => None,
+            Verdict::Drop(ms) => Some(ms),
+            Verdict::Draw(ratio) => (self.draw() < ratio).then_some(self.interval_ms),
+        };
         // Headers say what is known: the limit, and an estimate of what the
-        // fleet has left from its last complete interval, scaled to the window.
+        // fleet has left from the last interval read, scaled to the window.
         let used = (fleet as f64 * q.window_ms() as f64 / self.interval_ms as f64).round() as u64;
         let status = QuotaStatus {
             limit: q.limit(),
             remaining: q.limit().saturating_sub(used),
             reset_ms: now + self.interval_ms,
-            retry_after_ms: if drop { self.interval_ms } else { 0 },
-            allowed: !drop,
+            retry_after_ms: retry_after_ms.unwrap_or(0),
+            allowed: retry_after_ms.is_none(),
             window_id: 0,
             ..QuotaStatus::default()
         };
@@ -298,13 +499,25 @@ impl Coordinator {
         Decision::from_statuses(statuses, cost)
     }
 
-    /// Whether the last successful sync is recent enough for its ratios.
-    fn fresh(&self) -> bool {
-        let synced = *self
-            .synced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        synced.is_some_and(|at| self.clock.monotonic() < at + self.staleness)
+    /// Holds one request of `cost` to the key's share, spending its budget.
+    fn verdict(&self, t: &mut Tracked, cost: u64, now: u64) -> Verdict {
+        match t.share {
+            Share::Open => Verdict::Admit,
+            Share::Ratio(ratio) => Verdict::Draw(ratio),
+            Share::Allowance(rate) => {
+                let cap = (rate * self.burst_ms).max(cost as f64);
+                let elapsed = now.saturating_sub(t.refilled) as f64;
+                t.budget = (t.budget + elapsed * rate).min(cap);
+                t.refilled = now.max(t.refilled);
+                if t.budget >= cost as f64 {
+                    t.budget -= cost as f64;
+                    Verdict::Admit
+                } else {
+                    let wait = ((cost as f64 - t.budget) / rate).ceil() as u64;
+                    Verdict::Drop(wait.clamp(1, self.interval_ms))
+                }
+            }
+        }
     }
 
     /// A uniform draw in [0, 1).
@@ -322,100 +535,188 @@ impl Coordinator {
         self.background.start(self, self.cfg.interval, |this| async move {
             let now = this.clock.now_ms();
             if let Err(e) = this.sync(now).await {
-                tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed; ratios decay after the staleness bound");
+                tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed for some keys; they fail open after the staleness bound");
             }
         });
     }
 
-    fn bucket_key(&self, key: &Key, epoch: u64) -> String {
+    fn stores(&self) -> &[RedisStore] {
+        match &self.cfg.counters {
+            Counters::One(store) => std::slice::from_ref(store),
+            Counters::Sharded(_, stores) => stores,
+        }
+    }
+
+    fn store_of(&self, key: &Key) -> usize {
+        match &self.cfg.counters {
+            Counters::One(_) => 0,
+            Counters::Sharded(sharded, _) => sharded.index(&self.namespace, key),
+        }
+    }
+
+    fn counter(&self, store: usize, key: &Key, epoch: u64) -> String {
         format!(
             "{}:o:{epoch}",
-            self.cfg.store.redis_key(&self.namespace, key)
+            self.stores()[store].redis_key(&self.namespace, key)
         )
     }
 
-    /// One sync: report offered counts, read the fleet's last complete
-    /// interval, set each key's drop ratio. One pipelined round trip.
-    /// `now` is wall time (Unix ms): every instance buckets by it.
-    pub(crate) async fn sync(&self, now: u64) -> Result<(), crate::StoreError> {
+    /// One sync at wall time `now` (Unix ms; every instance counts
+    /// intervals by it): report the intervals that ended, read the fleet's
+    /// count of the one two back (every instance has reported it by now,
+    /// whatever the phase of its syncs), and set each key's share. One
+    /// pipeline per Redis node.
+    pub(crate) async fn sync(&self, now: u64) -> Result<(), StoreError> {
         let epoch = now / self.interval_ms;
-        let mut batch: Vec<(Key, u64)> = Vec::new();
+        let read = epoch.saturating_sub(2);
+        let mut items: Vec<Item> = Vec::new();
         self.keys.retain(|key, t| {
-            let n = std::mem::take(&mut t.offered);
-            if n == 0 {
-                t.idle += 1;
-                if t.idle > 2 {
-                    // No local traffic for a while: stop tracking (costs nothing).
-                    return false;
-                }
-            } else {
-                t.idle = 0;
+            if t.newest() + 3 < epoch {
+                return false;
             }
-            batch.push((*key, n));
+            let reports = t
+                .counts
+                .iter()
+                // Never the interval read now: a late report would reach
+                // some readers and not others, and skew their shares.
+                .filter(|c| c.offered > 0 && !c.reported && c.epoch < epoch && c.epoch > read)
+                .map(|c| (c.epoch, c.offered))
+                .collect();
+            let local = t.at(read).filter(|c| c.reported).map_or(0, |c| c.offered);
+            items.push(Item {
+                key: *key,
+                store: self.store_of(key),
+                reports,
+                local,
+            });
             true
         });
-        if batch.is_empty() {
-            self.mark_synced();
+        if items.is_empty() {
             return Ok(());
         }
-        let ttl = (3 * self.interval_ms).max(1_000);
-        let mut pipe = redis::pipe();
-        for (key, n) in &batch {
-            let current = self.bucket_key(key, epoch);
-            if *n > 0 {
-                pipe.cmd("INCRBY").arg(&current).arg(*n).ignore();
-                pipe.cmd("PEXPIRE").arg(&current).arg(ttl).ignore();
+        // The counters outlive the read by an interval.
+        let ttl = 4 * self.interval_ms;
+        let mut batches: Vec<Batch> = self.stores().iter().map(|_| Batch::default()).collect();
+        for (i, item) in items.iter().enumerate() {
+            let batch = &mut batches[item.store];
+            for &(e, n) in &item.reports {
+                let counter = self.counter(item.store, &item.key, e);
+                batch.push(redis::cmd("INCRBY").arg(&counter).arg(n), i, false);
+                batch.push(redis::cmd("PEXPIRE").arg(&counter).arg(ttl), i, false);
             }
-            pipe.cmd("GET")
-                .arg(self.bucket_key(key, epoch.saturating_sub(1)));
+            let counter = self.counter(item.store, &item.key, read);
+            batch.push(redis::cmd("GET").arg(counter), i, true);
         }
-        let replies = match self
-            .cfg
-            .store
-            .query_pipeline(pipe, self.cfg.sync_budget())
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                // The interval's counts are lost (reporting them later into
-                // another bucket would fake a spike); ratios stay until the
-                // staleness bound, then the mode fails open.
-                metrics::counter!("ratelimit_coordinated_sync_failures_total", "limiter" => self.namespace.name().to_owned())
-                    .increment(1);
-                return Err(e);
+        let budget = self.cfg.sync_budget();
+        let sends =
+            self.stores()
+                .iter()
+                .zip(batches)
+                .filter(|(_, batch)| !batch.cmds.is_empty())
+                .map(|(store, batch)| async move {
+                    (store.spread(batch.cmds, budget).await, batch.owners)
+                });
+        // Per item: whether its reports landed, and the fleet's count (or why not).
+        let mut reported = vec![true; items.len()];
+        let mut fleet: Vec<Result<u64, StoreError>> =
+            vec![Err(StoreError::Protocol("no answer".into())); items.len()];
+        for (replies, owners) in futures_util::future::join_all(sends).await {
+            for (reply, (i, read)) in replies.into_iter().zip(owners) {
+                match (reply, read) {
+                    (reply, true) => fleet[i] = reply.map(|v| count(&v)),
+                    (Err(_), false) => reported[i] = false,
+                    (Ok(_), false) => {}
+                }
             }
-        };
-        for ((key, _), reply) in batch.iter().zip(replies) {
-            let fleet = match reply {
-                Value::BulkString(b) => std::str::from_utf8(&b)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0),
-                Value::Int(i) => i.max(0) as u64,
-                _ => 0,
+        }
+        let mono = self.clock.monotonic();
+        let mut failure = None;
+        for ((item, reported), fleet) in items.iter().zip(reported).zip(fleet) {
+            let fleet = match fleet {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    None
+                }
             };
-            self.keys.update(*key, (), |t| {
+            self.keys.update(item.key, epoch, |t| {
                 if let Some(t) = t {
-                    let limit =
-                        t.limit as f64 * self.interval_ms as f64 / t.window_ms.max(1) as f64;
-                    t.ratio = if (fleet as f64) > limit {
-                        (fleet as f64 - limit) / fleet as f64
-                    } else {
-                        0.0
-                    };
-                    t.fleet = fleet;
+                    if reported {
+                        for (e, _) in &item.reports {
+                            if let Some(c) = t.counts.iter_mut().find(|c| c.epoch == *e) {
+                                c.reported = true;
+                            }
+                        }
+                    }
+                    if let Some(fleet) = fleet {
+                        self.learn(t, item.local, fleet, now);
+                        t.synced = Some(mono);
+                    }
                 }
                 ((), None)
             });
         }
-        self.mark_synced();
-        Ok(())
+        match failure {
+            Some(e) => {
+                // Keys whose node failed keep their shares until the
+                // staleness bound.
+                metrics::counter!("ratelimit_coordinated_sync_failures_total", "limiter" => self.namespace.name().to_owned())
+                    .increment(1);
+                Err(e)
+            }
+            None => Ok(()),
+        }
     }
 
-    fn mark_synced(&self) {
-        *self
-            .synced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(self.clock.monotonic());
+    /// Sets `t`'s share from this instance's count (`local`) and the fleet's
+    /// in the interval read, at layer time `now`.
+    fn learn(&self, t: &mut Tracked, local: u64, fleet: u64, now: u64) {
+        // The limit per sync interval.
+        let limit = t.limit as f64 * self.interval_ms as f64 / t.window_ms.max(1) as f64;
+        // The counts are smoothed over intervals, the same way on every
+        // instance, so the shares still add up to one; a share computed from
+        // one interval's counts swings with the balancer's noise, and an
+        // instance whose share came out high wastes what it cannot use.
+        let (l, f) = match t.smoothed {
+            Some((l, f)) if local > 0 && fleet > 0 => (
+                SMOOTHING * local as f64 + (1.0 - SMOOTHING) * l,
+                SMOOTHING * fleet as f64 + (1.0 - SMOOTHING) * f,
+            ),
+            _ => (local as f64, fleet as f64),
+        };
+        t.smoothed = (local > 0 && fleet > 0).then_some((l, f));
+        let share = if local > 0 && fleet > 0 {
+            let rate = limit * l.min(f) / f / self.interval_ms as f64;
+            if !matches!(t.share, Share::Allowance(_)) {
+                // A first allowance starts with a full budget if the fleet is
+                // within the limit (its wobble must not be dropped), else
+                // empty: the key ran open until now, so it has had its burst.
+                t.budget = if f <= limit {
+                    rate * self.burst_ms
+                } else {
+                    0.0
+                };
+                t.refilled = now;
+            }
+            Share::Allowance(rate)
+        } else if fleet as f64 > limit {
+            Share::Ratio((fleet as f64 - limit) / fleet as f64)
+        } else {
+            Share::Open
+        };
+        t.share = share;
+        t.fleet = fleet;
+    }
+}
+
+/// The number a counter `GET` answered (none: 0).
+fn count(v: &Value) -> u64 {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        Value::Int(i) => (*i).max(0) as u64,
+        _ => 0,
     }
 }

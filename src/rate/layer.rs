@@ -269,7 +269,7 @@ impl<M> RateLimitLayer<M> {
     }
 
     /// Coordinated mode: runs one sync now (report counts, read the fleet's,
-    /// set ratios) at the layer's clock time. The background task does this
+    /// set shares) at the layer's clock time. The background task does this
     /// every interval; call it yourself with [`Coordinated::manual_sync`](crate::Coordinated::manual_sync).
     /// Without the coordinated mode it does nothing.
     #[cfg(feature = "redis")]
@@ -708,9 +708,12 @@ impl Builder<Settings> {
         self
     }
 
-    /// Coordinated mode: decide locally with a per-key drop ratio computed out of
-    /// band from fleet-wide counts in Redis — no store call on the request
-    /// path; approximate limits that lag traffic by one or two sync intervals.
+    /// Coordinated mode: decide locally, each instance holding each key to
+    /// its share of the limit, learned out of band from fleet-wide counts in
+    /// Redis: no store call on the request path, and limits that hold on
+    /// average rather than per request. A surge is met at once; the shares
+    /// follow a change in how the balancer spreads load within two sync
+    /// intervals.
     /// See [`Coordinated`](crate::Coordinated). The layer's `store` is not used in this mode.
     /// The mode counts requests: a fixed policy with a quota in another
     /// unit (tokens, bytes) is refused, and such quotas in a policy chosen

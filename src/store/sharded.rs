@@ -74,13 +74,25 @@ struct Shard {
     name: String,
     seed: u64,
     store: Arc<dyn Store>,
+    /// The same store, when it is a Redis one (the coordinated mode syncs
+    /// through it).
+    #[cfg(feature = "redis")]
+    redis: Option<crate::store::RedisStore>,
+}
+
+/// A shard as added to the builder.
+struct Added {
+    name: String,
+    store: Arc<dyn Store>,
+    #[cfg(feature = "redis")]
+    redis: Option<crate::store::RedisStore>,
 }
 
 /// Configures a [`ShardedStore`].
 #[must_use]
 #[derive(Default)]
 pub struct ShardedStoreBuilder {
-    shards: Vec<(String, Arc<dyn Store>)>,
+    shards: Vec<Added>,
 }
 
 impl fmt::Debug for ShardedStoreBuilder {
@@ -88,7 +100,7 @@ impl fmt::Debug for ShardedStoreBuilder {
         f.debug_struct("ShardedStoreBuilder")
             .field(
                 "shards",
-                &self.shards.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                &self.shards.iter().map(|s| &s.name).collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -112,7 +124,11 @@ impl ShardedStoreBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn shard(self, store: crate::store::RedisStore) -> Self {
         let name = store.shard_name().to_owned();
-        self.named_shard(name, store)
+        let mut this = self.named_shard(name, store.clone());
+        if let Some(added) = this.shards.last_mut() {
+            added.redis = Some(store);
+        }
+        this
     }
 
     /// Adds any store as a shard under `name`, its identity in the mapping:
@@ -127,7 +143,12 @@ impl ShardedStoreBuilder {
     ///     .unwrap();
     /// ```
     pub fn named_shard(mut self, name: impl Into<String>, store: impl Store) -> Self {
-        self.shards.push((name.into(), Arc::new(store)));
+        self.shards.push(Added {
+            name: name.into(),
+            store: Arc::new(store),
+            #[cfg(feature = "redis")]
+            redis: None,
+        });
         self
     }
 
@@ -136,7 +157,7 @@ impl ShardedStoreBuilder {
         if self.shards.is_empty() {
             return Err(ConfigError::new("a sharded store needs at least one shard"));
         }
-        let mut names: Vec<&str> = self.shards.iter().map(|(n, _)| n.as_str()).collect();
+        let mut names: Vec<&str> = self.shards.iter().map(|s| s.name.as_str()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(ConfigError::new(format!(
@@ -150,10 +171,12 @@ impl ShardedStoreBuilder {
         let shards: Box<[Shard]> = self
             .shards
             .into_iter()
-            .map(|(name, store)| Shard {
-                seed: digest64(&[name.as_bytes()]),
-                name,
-                store,
+            .map(|added| Shard {
+                seed: digest64(&[added.name.as_bytes()]),
+                name: added.name,
+                store: added.store,
+                #[cfg(feature = "redis")]
+                redis: added.redis,
             })
             .collect();
         let mut domains = 0;
@@ -231,8 +254,14 @@ impl ShardedStore {
         &self.inner.shards[self.index(namespace, key)].name
     }
 
+    /// Each shard's Redis store, in order, when every shard is one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn redis_shards(&self) -> Option<Vec<crate::store::RedisStore>> {
+        self.inner.shards.iter().map(|s| s.redis.clone()).collect()
+    }
+
     /// Rendezvous hashing: the shard with the highest score for the key.
-    fn index(&self, namespace: &Namespace, key: &Key) -> usize {
+    pub(crate) fn index(&self, namespace: &Namespace, key: &Key) -> usize {
         let shards = &self.inner.shards;
         if shards.len() == 1 {
             return 0;

@@ -167,7 +167,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::store::{Acquire, Charge, Occupancy, Release, Settle, Store, StoreFuture};
 use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::{self, ConnectionAddr, ConnectionInfo, FromRedisValue};
+use deadpool_redis::redis::{self, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -268,10 +268,9 @@ impl Primary {
         }
     }
 
-    /// Sends `pipe` in one round trip within `budget` (the coordinated
-    /// mode's sync). A pipeline over many clients' keys spans many hash
-    /// slots, which a cluster cannot route: the layer refuses that
-    /// combination when it is built.
+    /// Sends `pipe` in one round trip within `budget` (shared limits and
+    /// the advisor's fleet report, whose keys share one hash slot). A
+    /// cluster is refused when those are configured.
     pub(crate) async fn query_pipeline(
         &self,
         pipe: &redis::Pipeline,
@@ -281,8 +280,47 @@ impl Primary {
             Primary::Lanes(lanes) => lanes.query_pipeline(pipe, budget).await,
             #[cfg(feature = "cluster")]
             Primary::Cluster(_) => Err(StoreError::Unavailable(
-                "the coordinated mode cannot sync through a Redis Cluster".into(),
+                "a pipeline over many hash slots cannot go through a Redis Cluster".into(),
             )),
+        }
+    }
+
+    /// Sends single-key commands in one round trip per node within
+    /// `budget`: one pipeline to a standalone primary, one per primary of a
+    /// cluster. The answer to each command, in order.
+    pub(crate) async fn spread(
+        &self,
+        cmds: &[Cmd],
+        budget: Duration,
+    ) -> Vec<Result<redis::Value, StoreError>> {
+        match self {
+            Primary::Lanes(lanes) => {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for cmd in cmds {
+                    pipe.add_command(cmd.clone());
+                }
+                match lanes.query_pipeline(&pipe, budget).await {
+                    Ok(values) if values.len() == cmds.len() => values
+                        .into_iter()
+                        .map(|v| match v {
+                            redis::Value::ServerError(e) => Err(lane::redis_error(e.into())),
+                            v => Ok(v),
+                        })
+                        .collect(),
+                    Ok(_) => cmds
+                        .iter()
+                        .map(|_| {
+                            Err(StoreError::Protocol(
+                                "a pipeline reply of another length".into(),
+                            ))
+                        })
+                        .collect(),
+                    Err(e) => cmds.iter().map(|_| Err(e.clone())).collect(),
+                }
+            }
+            #[cfg(feature = "cluster")]
+            Primary::Cluster(cluster) => cluster.spread(cmds, budget).await,
         }
     }
 }
@@ -1035,6 +1073,22 @@ impl RedisStore {
     ) -> Result<Vec<redis::Value>, StoreError> {
         let inner = self.inner.clone();
         io::call(async move { inner.primary.query_pipeline(&pipe, budget).await }).await
+    }
+
+    /// Sends single-key commands in one round trip per node (one pipeline
+    /// to a standalone primary, one per primary of a cluster), from the Redis
+    /// I/O runtime: the coordinated mode's sync. The answer to each command.
+    pub(crate) async fn spread(
+        &self,
+        cmds: Vec<Cmd>,
+        budget: Duration,
+    ) -> Vec<Result<redis::Value, StoreError>> {
+        let inner = self.inner.clone();
+        let n = cmds.len();
+        match io::call(async move { Ok(inner.primary.spread(&cmds, budget).await) }).await {
+            Ok(replies) => replies,
+            Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+        }
     }
 
     /// Whether this store talks to a Redis Cluster.

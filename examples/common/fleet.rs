@@ -1,0 +1,177 @@
+//! A simulated fleet: N rate limit layers in one process, one shared
+//! `ManualClock`, a balancer spreading each second's requests over the
+//! instances millisecond by millisecond, and each instance syncing at its
+//! own phase of the interval (as separate processes started at different
+//! times would). `examples/simulate.rs` and the coordinated-mode tests run
+//! it.
+#![allow(dead_code)]
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use std::convert::Infallible;
+use std::time::Duration;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_ratelimit::clock::ManualClock;
+use tower_ratelimit::RateLimitLayer;
+
+/// How the balancer picks an instance for each request.
+#[derive(Clone, Copy, Debug)]
+pub enum Balancer {
+    /// In turn.
+    RoundRobin,
+    /// Uniformly at random, from this seed.
+    Random(u64),
+}
+
+/// The header the simulated clients' keys travel in.
+pub const KEY_HEADER: &str = "x-sim-key";
+
+pub struct Fleet {
+    layers: Vec<RateLimitLayer>,
+    clock: ManualClock,
+    /// The instances that sync at each millisecond of the interval.
+    syncs: Vec<Vec<usize>>,
+    keys: Vec<String>,
+    balancer: Balancer,
+    rng: fastrand::Rng,
+    next: usize,
+    next_key: usize,
+}
+
+impl Fleet {
+    /// A fleet of `layers` on `clock`, syncing every `interval` at evenly
+    /// spread phases, with requests spread over `keys` in turn.
+    pub fn new(
+        layers: Vec<RateLimitLayer>,
+        clock: ManualClock,
+        interval: Duration,
+        keys: usize,
+        balancer: Balancer,
+    ) -> Self {
+        let interval_ms = (interval.as_millis() as usize).max(1);
+        let mut syncs = vec![Vec::new(); interval_ms];
+        let n = layers.len();
+        for i in 0..n {
+            syncs[i * interval_ms / n.max(1)].push(i);
+        }
+        let seed = match balancer {
+            Balancer::Random(seed) => seed,
+            Balancer::RoundRobin => 0,
+        };
+        Self {
+            layers,
+            clock,
+            syncs,
+            keys: (0..keys.max(1)).map(|k| format!("client-{k}")).collect(),
+            balancer,
+            rng: fastrand::Rng::with_seed(seed),
+            next: 0,
+            next_key: 0,
+        }
+    }
+
+    pub fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    /// Offers `offered` requests over one simulated second, spread evenly
+    /// over its milliseconds; returns how many were admitted.
+    pub async fn second(&mut self, offered: u64) -> u64 {
+        let mut admitted = 0;
+        for ms in 0..1000u64 {
+            let now = offered * (ms + 1) / 1000 - offered * ms / 1000;
+            for _ in 0..now {
+                admitted += u64::from(self.request().await);
+            }
+            self.clock.advance(Duration::from_millis(1));
+            self.sync_due().await;
+        }
+        admitted
+    }
+
+    async fn request(&mut self) -> bool {
+        let i = match self.balancer {
+            Balancer::RoundRobin => self.next % self.layers.len(),
+            Balancer::Random(_) => self.rng.usize(..self.layers.len()),
+        };
+        self.next += 1;
+        // Keys in turn per round of instances, so every instance sees every key.
+        let key = &self.keys[(self.next_key / self.layers.len()) % self.keys.len()];
+        self.next_key += 1;
+        let mut svc = self.layers[i].layer(service_fn(|_r: Request<Body>| async {
+            Ok::<_, Infallible>(http::Response::new(Body::empty()))
+        }));
+        let req = Request::builder()
+            .header(KEY_HEADER, key.as_str())
+            .body(Body::empty())
+            .unwrap();
+        let res = svc.ready().await.unwrap().call(req).await.unwrap();
+        res.status() == StatusCode::OK
+    }
+
+    async fn sync_due(&mut self) {
+        use tower_ratelimit::clock::Clock;
+        let phase = (self.clock.now_ms() % self.syncs.len() as u64) as usize;
+        for &i in &self.syncs[phase] {
+            let _ = self.layers[i].sync_now().await;
+        }
+    }
+}
+
+/// What a run did, second by second, against a limit.
+pub struct Run {
+    /// (offered, admitted) per second.
+    pub seconds: Vec<(u64, u64)>,
+    pub limit: u64,
+}
+
+impl Run {
+    /// The mean admitted rate over `range` of seconds, relative to the
+    /// limit, minus one (0.03 is 3% over).
+    pub fn mean_error(&self, range: std::ops::Range<usize>) -> f64 {
+        let s = &self.seconds[range];
+        let mean = s.iter().map(|(_, a)| *a as f64).sum::<f64>() / s.len().max(1) as f64;
+        mean / self.limit as f64 - 1.0
+    }
+
+    /// The share of seconds in `range` admitting within `tolerance` of the limit.
+    pub fn within(&self, range: std::ops::Range<usize>, tolerance: f64) -> f64 {
+        let s = &self.seconds[range];
+        let limit = self.limit as f64;
+        let ok = s
+            .iter()
+            .filter(|(_, a)| (*a as f64 - limit).abs() <= tolerance * limit)
+            .count();
+        ok as f64 / s.len().max(1) as f64
+    }
+
+    /// The largest overshoot (admitted over the limit, relative) and the
+    /// longest run of seconds more than 10% over the limit.
+    pub fn overshoot(&self) -> (f64, usize) {
+        let limit = self.limit as f64;
+        let worst = self
+            .seconds
+            .iter()
+            .map(|(_, a)| *a as f64 / limit - 1.0)
+            .fold(0.0, f64::max);
+        let (mut longest, mut run) = (0, 0);
+        for (_, a) in &self.seconds {
+            run = if *a as f64 > 1.1 * limit { run + 1 } else { 0 };
+            longest = longest.max(run);
+        }
+        (worst, longest)
+    }
+
+    /// Seconds from `from` until admissions stay within 10% of what they
+    /// should be (the offered load or the limit, whichever is lower) up to
+    /// `to`; `None` if they never do.
+    pub fn converged_after(&self, from: usize, to: usize) -> Option<usize> {
+        let ok = |(o, a): &(u64, u64)| {
+            let target = (*o).min(self.limit) as f64;
+            (*a as f64 - target).abs() <= 0.1 * target
+        };
+        (from..to)
+            .find(|&t| self.seconds[t..to].iter().all(ok))
+            .map(|t| t - from)
+    }
+}
