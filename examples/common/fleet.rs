@@ -36,6 +36,8 @@ pub struct Fleet {
     rng: fastrand::Rng,
     next: usize,
     next_key: usize,
+    /// Admitted per key in the last second.
+    by_key: Vec<u64>,
 }
 
 impl Fleet {
@@ -67,6 +69,7 @@ impl Fleet {
             rng: fastrand::Rng::with_seed(seed),
             next: 0,
             next_key: 0,
+            by_key: vec![0; keys.max(1)],
         }
     }
 
@@ -74,10 +77,21 @@ impl Fleet {
         &self.clock
     }
 
+    /// The keys' names (`client-0`, `client-1`, …), as sent in [`KEY_HEADER`].
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Admitted per key in the last [`Fleet::second`].
+    pub fn admitted_by_key(&self) -> &[u64] {
+        &self.by_key
+    }
+
     /// Offers `offered` requests over one simulated second, spread evenly
     /// over its milliseconds; returns how many were admitted.
     pub async fn second(&mut self, offered: u64) -> u64 {
         let mut admitted = 0;
+        self.by_key.iter_mut().for_each(|n| *n = 0);
         for ms in 0..1000u64 {
             let now = offered * (ms + 1) / 1000 - offered * ms / 1000;
             for _ in 0..now {
@@ -96,7 +110,8 @@ impl Fleet {
         };
         self.next += 1;
         // Keys in turn per round of instances, so every instance sees every key.
-        let key = &self.keys[(self.next_key / self.layers.len()) % self.keys.len()];
+        let k = (self.next_key / self.layers.len()) % self.keys.len();
+        let key = &self.keys[k];
         self.next_key += 1;
         let mut svc = self.layers[i].layer(service_fn(|_r: Request<Body>| async {
             Ok::<_, Infallible>(http::Response::new(Body::empty()))
@@ -106,13 +121,16 @@ impl Fleet {
             .body(Body::empty())
             .unwrap();
         let res = svc.ready().await.unwrap().call(req).await.unwrap();
-        res.status() == StatusCode::OK
+        let ok = res.status() == StatusCode::OK;
+        self.by_key[k] += u64::from(ok);
+        ok
     }
 
     async fn sync_due(&mut self) {
         use tower_ratelimit::clock::Clock;
         let phase = (self.clock.now_ms() % self.syncs.len() as u64) as usize;
         for &i in &self.syncs[phase] {
+            // A failed sync is the mode's business (its keys go stale).
             let _ = self.layers[i].sync_now().await;
         }
     }

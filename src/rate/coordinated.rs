@@ -249,8 +249,13 @@ impl Coordinated {
 /// the ones not yet reported, and the one shares are read from.
 const EPOCHS: usize = 4;
 
+/// The fewest units a local budget holds, however low the allowance: with
+/// only a unit or two, a budget cannot carry what an instance did not use
+/// in one quiet moment over to the next busy one.
+const MIN_BURST: f64 = 5.0;
+
 /// The weight of the newest interval in the smoothed counts.
-const SMOOTHING: f64 = 0.25;
+const SMOOTHING: f64 = 0.5;
 
 /// This instance's offered units in one interval.
 #[derive(Clone, Copy, Debug, Default)]
@@ -505,7 +510,7 @@ impl Coordinator {
             Share::Open => Verdict::Admit,
             Share::Ratio(ratio) => Verdict::Draw(ratio),
             Share::Allowance(rate) => {
-                let cap = (rate * self.burst_ms).max(cost as f64);
+                let cap = self.capacity(rate).max(cost as f64);
                 let elapsed = now.saturating_sub(t.refilled) as f64;
                 t.budget = (t.budget + elapsed * rate).min(cap);
                 t.refilled = now.max(t.refilled);
@@ -518,6 +523,11 @@ impl Coordinator {
                 }
             }
         }
+    }
+
+    /// What a local budget holds at an allowance of `rate` units per ms.
+    fn capacity(&self, rate: f64) -> f64 {
+        (rate * self.burst_ms).max(MIN_BURST)
     }
 
     /// A uniform draw in [0, 1).

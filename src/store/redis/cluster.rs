@@ -55,7 +55,15 @@ pub(crate) struct ClusterLane {
     shown: String,
     /// The primaries' slot ranges, for [`ClusterLane::spread`]; dropped
     /// after any sign that they moved, and read again by the next call.
-    slots: std::sync::Mutex<Option<Arc<SlotMap>>>,
+    slots: std::sync::Mutex<Slots>,
+}
+
+/// The kept slot map.
+#[derive(Default)]
+struct Slots {
+    map: Option<Arc<SlotMap>>,
+    /// Whether a sign that slots moved came since it was read.
+    stale: bool,
 }
 
 /// Which primary serves each hash slot: `(first, last, "host:port")`,
@@ -163,7 +171,7 @@ impl ClusterLane {
             connect_timeout: settings.connect_timeout,
             eviction,
             shown,
-            slots: std::sync::Mutex::new(None),
+            slots: std::sync::Mutex::default(),
         })
     }
 
@@ -220,22 +228,16 @@ impl ClusterLane {
         cmds: &[Cmd],
         budget: Duration,
     ) -> Vec<Result<Value, StoreError>> {
+        // Connecting gets the connect timeout (it bounds itself): a first
+        // connection cut short by a sync's budget would start over each sync.
+        let conn = match self.connection().await {
+            Ok(conn) => conn,
+            Err(e) => return cmds.iter().map(|_| Err(e.clone())).collect(),
+        };
         let deadline = tokio::time::Instant::now() + budget;
-        let ready = tokio::time::timeout_at(deadline, async {
-            let conn = self.connection().await?;
-            let map = self.slot_map(&conn).await?;
-            Ok::<_, StoreError>((conn, map))
-        })
-        .await;
-        let (conn, map) = match ready {
-            Ok(Ok(ready)) => ready,
-            Ok(Err(e)) => return cmds.iter().map(|_| Err(e.clone())).collect(),
-            Err(_) => {
-                return cmds
-                    .iter()
-                    .map(|_| Err(StoreError::Timeout(budget)))
-                    .collect()
-            }
+        let map = match self.slot_map(&conn, budget).await {
+            Ok(map) => map,
+            Err(e) => return cmds.iter().map(|_| Err(e.clone())).collect(),
         };
         // One group per primary, sent to the slot of its first command (the
         // client's own map routes it there; the node serves all the group's slots).
@@ -271,6 +273,8 @@ impl ClusterLane {
             .iter()
             .map(|_| Err(StoreError::Timeout(budget)))
             .collect();
+        // Whether the slots may have moved: a redirect, or a node that
+        // failed (a timeout alone says nothing about the slots).
         let mut moved = false;
         for ((_, members), reply) in groups.iter().zip(replies) {
             match reply {
@@ -295,44 +299,67 @@ impl ClusterLane {
                         out[i] = Err(e.clone());
                     }
                 }
-                Err(_) => moved = true,
+                Err(_) => {}
             }
         }
         if moved {
-            *self
-                .slots
+            self.slots
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .stale = true;
         }
         out
     }
 
-    /// The slot map, read with `CLUSTER SLOTS` when none is kept.
-    async fn slot_map(&self, conn: &ClusterConnection) -> Result<Arc<SlotMap>, StoreError> {
-        if let Some(map) = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-        {
-            return Ok(map);
+    /// The slot map, read again with `CLUSTER SLOTS` (from any node) when
+    /// none is kept or the kept one may be stale. A stale map is still used
+    /// when no node answers within half of `budget`: most slots stay put.
+    async fn slot_map(
+        &self,
+        conn: &ClusterConnection,
+        budget: Duration,
+    ) -> Result<Arc<SlotMap>, StoreError> {
+        let kept = {
+            let slots = self
+                .slots
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &slots.map {
+                Some(map) if !slots.stale => return Ok(map.clone()),
+                map => map.clone(),
+            }
+        };
+        let wait = if kept.is_some() { budget / 2 } else { budget };
+        let read = tokio::time::timeout(wait, async {
+            let reply = conn
+                .clone()
+                .route_command(
+                    redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                )
+                .await
+                .map_err(redis_error)?;
+            SlotMap::parse(&reply).ok_or_else(|| {
+                StoreError::Protocol("CLUSTER SLOTS answered something unexpected".into())
+            })
+        })
+        .await
+        .unwrap_or(Err(StoreError::Timeout(wait)));
+        match (read, kept) {
+            (Ok(map), _) => {
+                let map = Arc::new(map);
+                *self
+                    .slots
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Slots {
+                    map: Some(map.clone()),
+                    stale: false,
+                };
+                Ok(map)
+            }
+            (Err(_), Some(kept)) => Ok(kept),
+            (Err(e), None) => Err(e),
         }
-        let reply = conn
-            .clone()
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            )
-            .await
-            .map_err(redis_error)?;
-        let map = Arc::new(SlotMap::parse(&reply).ok_or_else(|| {
-            StoreError::Protocol("CLUSTER SLOTS answered something unexpected".into())
-        })?);
-        *self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(map.clone());
-        Ok(map)
     }
 
     async fn run_unbounded<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
