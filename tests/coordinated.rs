@@ -200,11 +200,10 @@ async fn shadow_mode_computes_drops_but_admits_everything() {
     }
 }
 
-#[test]
-fn the_simulation_prints_a_table_per_profile_and_writes_an_svg() {
-    let out = std::env::temp_dir().join(format!("tower-ratelimit-sim-{}.svg", std::process::id()));
+/// Runs the simulation with `args`; returns what it printed.
+fn simulate(args: &[&str]) -> String {
     let run = std::process::Command::new(example::example_path("simulate"))
-        .args(["--seconds", "6", "--out", out.to_str().unwrap()])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -212,22 +211,69 @@ fn the_simulation_prints_a_table_per_profile_and_writes_an_svg() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let table = String::from_utf8_lossy(&run.stdout);
-    for profile in ["steady 1.5x", "spike 5x", "ramp 0.5x-2x"] {
+    String::from_utf8_lossy(&run.stdout).into_owned()
+}
+
+#[test]
+fn the_simulation_prints_a_table_and_a_summary_per_profile_and_writes_an_svg() {
+    let out = std::env::temp_dir().join(format!("tower-ratelimit-sim-{}.svg", std::process::id()));
+    let table = simulate(&["--seconds", "10", "--out", out.to_str().unwrap()]);
+    for profile in ["steady 1.5x", "spike 5x", "ramp 0.5x-2x", "surge 15x"] {
         assert!(table.contains(profile), "{table}");
     }
     assert_eq!(
         table
             .matches("offered  limit   memory   strict  coordinated")
             .count(),
-        3
+        4
     );
+    assert_eq!(table.matches("settled error").count(), 4, "{table}");
+    // The per-process limiter never converges on a fleet limit.
+    let memory = table.lines().find(|l| l.starts_with("memory ")).unwrap();
+    assert!(memory.ends_with("never"), "{memory}");
     let svg = std::fs::read_to_string(&out).unwrap();
     assert!(svg.starts_with("<svg"), "not an SVG");
-    for label in ["memory", "strict", "coordinated", "fleet limit"] {
-        assert!(svg.contains(label), "the plot has no {label} series");
+    for label in [
+        "memory",
+        "strict",
+        "coordinated",
+        "fleet limit",
+        "surge 15x",
+    ] {
+        assert!(svg.contains(label), "the plot has no {label}");
     }
     let _ = std::fs::remove_file(out);
+}
+
+/// The simulation's scale table: Redis commands per simulated second are
+/// the same at both request rates and double with the instances.
+#[test]
+fn the_simulation_s_scale_table_shows_redis_load_linear_in_instances_and_flat_in_rate() {
+    let table = simulate(&[
+        "--scale",
+        "--scale-instances",
+        "4,8",
+        "--scale-keys",
+        "2",
+        "--scale-limit",
+        "100",
+        "--scale-seconds",
+        "3",
+        "--no-cluster",
+    ]);
+    // backend, instances, offered/s, admitted/s, error, redis cmds/s, cpu
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| l.starts_with("redis "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    let cmds = |row: &Vec<&str>| row[5].parse::<f64>().unwrap();
+    assert_eq!(cmds(&rows[0]), cmds(&rows[1]), "{table}");
+    assert_eq!(cmds(&rows[2]), cmds(&rows[3]), "{table}");
+    assert_eq!(cmds(&rows[2]), 2.0 * cmds(&rows[0]), "{table}");
+    // 3 commands per instance, key and second.
+    assert_eq!(cmds(&rows[0]), 3.0 * 4.0 * 2.0, "{table}");
 }
 
 /// The binding quota (the lowest rate) need not come first: its state is
