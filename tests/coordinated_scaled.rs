@@ -78,6 +78,20 @@ fn check(fleet: &Fleet, admitted: &[u64], down: impl Fn(&str) -> bool) {
     }
 }
 
+#[test]
+fn a_sharded_store_with_a_shard_that_is_not_redis_is_refused_when_the_layer_is_built() {
+    let sharded = ShardedStore::builder()
+        .named_shard("local", tower_ratelimit::store::MemoryStore::new())
+        .build()
+        .unwrap();
+    let err = RateLimitLayer::builder()
+        .quota(Quota::new(LIMIT, Duration::from_secs(1)).unwrap())
+        .coordinated(Coordinated::sharded(sharded))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("must be a Redis store"), "{err}");
+}
+
 #[tokio::test]
 async fn sharded_counters_hold_every_shard_s_keys_and_a_dead_shard_fails_open_only_its_own() {
     if !require_redis() {

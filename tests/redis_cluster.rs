@@ -380,13 +380,3 @@ async fn a_failover_under_concurrent_load_charges_every_admitted_request_exactly
     );
     assert!(admitted > 8, "requests kept flowing");
 }
-
-#[test]
-fn the_coordinated_mode_refuses_a_cluster_whose_slots_one_pipeline_cannot_span() {
-    let store = RedisStore::cluster(["redis://127.0.0.1:7000"]).unwrap();
-    let built = RateLimitLayer::builder()
-        .quota(per_hour(10))
-        .coordinated(tower_ratelimit::Coordinated::new(store))
-        .build();
-    assert!(built.is_err());
-}
