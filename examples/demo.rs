@@ -458,18 +458,23 @@ fn redis_store(args: &Args) -> Result<Arc<dyn Store>, Box<dyn std::error::Error>
         return Ok(Arc::new(cluster_store(args)?));
     }
     if args.redis_url.len() > 1 {
-        if !args.replica_url.is_empty() {
-            return Err(
-                "--replica-url belongs to one primary: use it with a single --redis-url".into(),
-            );
-        }
-        let mut shards = ShardedStore::builder();
-        for url in &args.redis_url {
-            shards = shards.shard(tls(RedisStore::builder(url), args)?.build()?);
-        }
-        return Ok(Arc::new(shards.build()?));
+        return Ok(Arc::new(sharded_store(args)?));
     }
     Ok(Arc::new(single_store(args)?))
+}
+
+/// One shard per `--redis-url`.
+fn sharded_store(args: &Args) -> Result<ShardedStore, Box<dyn std::error::Error>> {
+    if !args.replica_url.is_empty() {
+        return Err(
+            "--replica-url belongs to one primary: use it with a single --redis-url".into(),
+        );
+    }
+    let mut shards = ShardedStore::builder();
+    for url in &args.redis_url {
+        shards = shards.shard(tls(RedisStore::builder(url), args)?.build()?);
+    }
+    Ok(shards.build()?)
 }
 
 /// The one primary: the one Sentinel names, or the one at `--redis-url`
@@ -695,16 +700,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         if let StoreKind::Redis = args.store {
             if let Mode::Coordinated = args.mode {
-                // The coordinated mode syncs its counts through one standalone Redis.
-                if args.redis_url.len() > 1 || !args.redis_cluster.is_empty() {
-                    return Err(
-                        "--mode coordinated needs a single --redis-url or --redis-sentinel".into(),
-                    );
-                }
-                let store = single_store(&args)?;
+                // The counters go where the strict mode would keep each key.
+                let coordinated = if !args.redis_cluster.is_empty() {
+                    Coordinated::new(cluster_store(&args)?)
+                } else if args.redis_url.len() > 1 {
+                    Coordinated::sharded(sharded_store(&args)?)
+                } else {
+                    Coordinated::new(single_store(&args)?)
+                };
                 builder = builder
-                    .coordinated(Coordinated::new(store.clone()).sync_interval(args.sync_interval))
-                    .store(store);
+                    .coordinated(coordinated.sync_interval(args.sync_interval))
+                    .store(redis_store(&args)?);
             } else {
                 builder = builder.store(redis_store(&args)?);
             }

@@ -255,7 +255,7 @@ async fn demo_on_redis_serves_rate_limit_status_from_a_replica_without_charging(
 }
 
 #[tokio::test]
-async fn demo_runs_the_coordinated_mode_on_redis_and_refuses_it_without_redis() {
+async fn demo_runs_the_coordinated_mode_on_one_redis_and_on_shards_and_refuses_it_without_redis() {
     if !redis_support::require_redis() {
         return;
     }
@@ -283,6 +283,28 @@ async fn demo_runs_the_coordinated_mode_on_redis_and_refuses_it_without_redis() 
     let r = HttpClient::new().get(&demo.url("/")).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header_u64("x-ratelimit-limit"), 50);
+    assert!(demo.terminate().success());
+
+    // Two --redis-url: the counters are sharded over both.
+    let other = redis_support::RedisServer::start();
+    let other_url = other.url();
+    let demo = Running::start(
+        "demo",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-url",
+            &other_url,
+            "--mode",
+            "coordinated",
+        ],
+    );
+    let r = HttpClient::new().get(&demo.url("/")).await;
+    assert_eq!(r.status, StatusCode::OK);
     assert!(demo.terminate().success());
 
     let out = Command::new(example::example_path("demo"))

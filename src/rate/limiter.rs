@@ -186,7 +186,7 @@ enum Source {
     Store(Option<failure::Permit>, Option<Instant>),
     /// The local deny cache, or the open breaker: nothing to record.
     Local,
-    /// The coordinated mode's local drop ratio (no store call).
+    /// The coordinated mode's local share of the limit (no store call).
     #[cfg(feature = "redis")]
     Coordinated,
 }
