@@ -1,8 +1,8 @@
 //! A simulated fleet: N rate limit layers in one process, one shared
 //! `ManualClock`, a balancer spreading each second's requests over the
 //! instances millisecond by millisecond, and each instance syncing at its
-//! own phase of the interval (as separate processes started at different
-//! times would). `examples/simulate.rs` and the coordinated-mode tests run
+//! own phase of the interval's middle half, as the mode's background task
+//! does. `examples/simulate.rs` and the coordinated-mode tests run
 //! it.
 #![allow(dead_code)]
 
@@ -41,8 +41,9 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// A fleet of `layers` on `clock`, syncing every `interval` at evenly
-    /// spread phases, with requests spread over `keys` in turn.
+    /// A fleet of `layers` on `clock`, syncing every `interval` at phases
+    /// spread evenly over its middle half, with requests spread over `keys`
+    /// in turn.
     pub fn new(
         layers: Vec<RateLimitLayer>,
         clock: ManualClock,
@@ -54,7 +55,7 @@ impl Fleet {
         let mut syncs = vec![Vec::new(); interval_ms];
         let n = layers.len();
         for i in 0..n {
-            syncs[i * interval_ms / n.max(1)].push(i);
+            syncs[interval_ms / 4 + i * interval_ms / (2 * n.max(1))].push(i);
         }
         let seed = match balancer {
             Balancer::Random(seed) => seed,

@@ -1,10 +1,12 @@
 //! Coordinated mode: fleet-wide limits with no store call on the request path.
 //!
-//! Every sync interval, a background task per layer reports this instance's
-//! offered counts into Redis counters, one per key and interval (the
-//! interval the requests arrived in, on the wall clock every instance
-//! shares), and reads back the fleet's count for an interval every instance
-//! has finished reporting. From the two counts each instance learns its
+//! Every sync interval, at a point in the middle half of the interval (on
+//! the wall clock every instance shares, chosen at random per instance), a
+//! background task per layer reports this instance's offered counts into
+//! Redis counters, one per key and interval (the interval the requests
+//! arrived in), and reads back the fleet's count for the interval before
+//! the last, which every instance reported at least half an interval
+//! earlier. From the two counts each instance learns its
 //! **share** of the key's traffic, and so its share of the limit:
 //!
 //! ```text
@@ -45,12 +47,12 @@
 //! - an instance that **joins** drops with the fleet-wide ratio until it has
 //!   a share; one that **leaves** takes its share with it, so the others
 //!   admit a little less than the limit for two intervals;
-//! - a key **new to the fleet** is admitted in full for its first two
-//!   intervals, until its first counts are read.
+//! - a key **new to the fleet** is admitted in full for its first two to
+//!   three intervals, until its first counts are read.
 //!
 //! Measured in the simulation (`examples/simulate.rs`, 4 instances, limit
 //! 200/s, 1 s sync, see `docs/performance.md`): a 15-fold surge admits
-//! 1.22 times the limit over its first 2 s and the limit from then on, and
+//! 1.24 times the limit over its first 2 s and the limit from then on, and
 //! the limit again from the first second after it; behind a random
 //! balancer, each instance's load wobbles around its share and one with
 //! less cannot lend the rest, so at exactly the limit the fleet admits 5%
@@ -58,9 +60,9 @@
 //!
 //! # Redis load
 //!
-//! Each sync sends three commands per key the instance saw lately
+//! Each sync sends up to three commands per key the instance saw lately
 //! (`INCRBY` and `PEXPIRE` into the interval's counter, `GET` of the
-//! interval read), in one pipeline per Redis node, whatever the request
+//! interval read), in one round trip per Redis node, whatever the request
 //! rate:
 //!
 //! ```text
@@ -282,17 +284,16 @@ const EPOCHS: usize = 4;
 /// in one quiet moment over to the next busy one.
 const MIN_BURST: f64 = 5.0;
 
-/// The weight of the newest interval in the smoothed counts.
-const SMOOTHING: f64 = 0.5;
-
 /// This instance's offered units in one interval.
 #[derive(Clone, Copy, Debug, Default)]
 struct Count {
     epoch: u64,
     offered: u64,
-    /// Whether Redis has it (a failed report is sent again by the next
-    /// sync, if that sync does not read it).
-    reported: bool,
+    /// Whether it was sent: a report goes at most once (a failed `INCRBY`
+    /// may have run, and a second would count the interval twice).
+    sent: bool,
+    /// Whether Redis confirmed it, so the fleet's count holds it.
+    landed: bool,
 }
 
 /// What the last sync taught about a key.
@@ -317,8 +318,6 @@ struct Tracked {
     refilled: u64,
     /// The fleet's offered units in the last interval read.
     fleet: u64,
-    /// This instance's and the fleet's counts, smoothed over intervals.
-    smoothed: Option<(f64, f64)>,
     /// When this key last synced, on the layer clock's monotonic instant.
     synced: Option<Instant>,
     /// The binding quota's limit and window, as of the last request.
@@ -334,7 +333,6 @@ impl Tracked {
             budget: 0.0,
             refilled: now,
             fleet: 0,
-            smoothed: None,
             synced: None,
             limit,
             window_ms,
@@ -349,7 +347,7 @@ impl Tracked {
                 ..Count::default()
             };
         }
-        c.offered += cost;
+        c.offered = c.offered.saturating_add(cost);
     }
 
     fn at(&self, epoch: u64) -> Option<&Count> {
@@ -377,8 +375,8 @@ impl bounded::Entry for Tracked {
     }
 
     fn worth(&self, _: u64) -> (f64, u64) {
-        let offered: u64 = self.counts.iter().map(|c| c.offered).sum();
-        ((offered + self.fleet) as f64, 0)
+        let offered: f64 = self.counts.iter().map(|c| c.offered as f64).sum();
+        (offered + self.fleet as f64, 0)
     }
 }
 
@@ -420,6 +418,8 @@ impl Batch {
 pub(crate) struct Coordinator {
     cfg: Coordinated,
     interval_ms: u64,
+    /// When in each interval the background task syncs (ms after its start).
+    phase_ms: u64,
     burst_ms: f64,
     staleness: Duration,
     namespace: Namespace,
@@ -432,17 +432,19 @@ pub(crate) struct Coordinator {
 impl Coordinator {
     pub(crate) fn new(cfg: Coordinated, namespace: Namespace, clock: Arc<dyn Clock>) -> Self {
         let interval_ms = (cfg.interval.as_millis() as u64).max(1);
-        let staleness = cfg.staleness.unwrap_or(cfg.interval * 3);
+        let staleness = cfg.staleness.unwrap_or(cfg.interval.saturating_mul(3));
         let burst_ms = cfg
             .burst
             .map_or(interval_ms as f64 / 2.0, |b| b.as_secs_f64() * 1e3);
-        let rng = cfg
+        let mut rng = cfg
             .seed
             .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+        let phase_ms = interval_ms / 4 + rng.u64(0..(interval_ms / 2).max(1));
         Self {
             keys: Bounded::new(cfg.max_keys, 16),
             cfg,
             interval_ms,
+            phase_ms,
             burst_ms,
             staleness,
             namespace,
@@ -491,7 +493,9 @@ impl Coordinator {
                 t.count(epoch, cost);
                 t.limit = q.limit();
                 t.window_ms = q.window_ms();
-                let fresh = t.synced.is_some_and(|at| mono < at + self.staleness);
+                let fresh = t
+                    .synced
+                    .is_some_and(|at| mono.saturating_duration_since(at) < self.staleness);
                 let verdict = if fresh {
                     self.verdict(t, cost, now)
                 } else {
@@ -538,7 +542,12 @@ impl Coordinator {
             Share::Open => Verdict::Admit,
             Share::Ratio(ratio) => Verdict::Draw(ratio),
             Share::Allowance(rate) => {
-                let cap = self.capacity(rate).max(cost as f64);
+                // A request dearer than the budget holds still passes when
+                // the budget is full, unless it exceeds the fleet's whole
+                // limit for an interval.
+                let fleet_limit =
+                    t.limit as f64 * self.interval_ms as f64 / t.window_ms.max(1) as f64;
+                let cap = self.capacity(rate).max((cost as f64).min(fleet_limit));
                 let elapsed = now.saturating_sub(t.refilled) as f64;
                 t.budget = (t.budget + elapsed * rate).min(cap);
                 t.refilled = now.max(t.refilled);
@@ -571,6 +580,14 @@ impl Coordinator {
             return;
         }
         self.background.start(self, self.cfg.interval, |this| async move {
+            // Sync at this instance's phase of the wall-clock interval, in
+            // its middle half: an interval is reported at least half an
+            // interval before anyone reads it, whatever the clocks' skew
+            // and the syncs' latency (up to that), and the fleet's syncs
+            // are spread over half of each interval.
+            let at = this.clock.now_ms() % this.interval_ms;
+            let wait = (this.phase_ms + this.interval_ms - at) % this.interval_ms;
+            tokio::time::sleep(Duration::from_millis(wait)).await;
             let now = this.clock.now_ms();
             if let Err(e) = this.sync(now).await {
                 tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed for some keys; they fail open after the staleness bound");
@@ -600,10 +617,10 @@ impl Coordinator {
     }
 
     /// One sync at wall time `now` (Unix ms; every instance counts
-    /// intervals by it): report the intervals that ended, read the fleet's
-    /// count of the one two back (every instance has reported it by now,
-    /// whatever the phase of its syncs), and set each key's share. One
-    /// pipeline per Redis node.
+    /// intervals by it): report the interval that ended, read the fleet's
+    /// count of the one before it (which every instance reported during
+    /// the last interval), and set each key's share. One round trip per
+    /// Redis node.
     pub(crate) async fn sync(&self, now: u64) -> Result<(), StoreError> {
         let epoch = now / self.interval_ms;
         let read = epoch.saturating_sub(2);
@@ -617,10 +634,17 @@ impl Coordinator {
                 .iter()
                 // Never the interval read now: a late report would reach
                 // some readers and not others, and skew their shares.
-                .filter(|c| c.offered > 0 && !c.reported && c.epoch < epoch && c.epoch > read)
+                .filter(|c| c.offered > 0 && !c.sent && c.epoch < epoch && c.epoch > read)
                 .map(|c| (c.epoch, c.offered))
                 .collect();
-            let local = t.at(read).filter(|c| c.reported).map_or(0, |c| c.offered);
+            let local = t.at(read).filter(|c| c.landed).map_or(0, |c| c.offered);
+            for c in t
+                .counts
+                .iter_mut()
+                .filter(|c| c.epoch > read && c.epoch < epoch)
+            {
+                c.sent = true;
+            }
             items.push(Item {
                 key: *key,
                 store: self.store_of(key),
@@ -633,12 +657,13 @@ impl Coordinator {
             return Ok(());
         }
         // The counters outlive the read by an interval.
-        let ttl = 4 * self.interval_ms;
+        let ttl = self.interval_ms.saturating_mul(4);
         let mut batches: Vec<Batch> = self.stores().iter().map(|_| Batch::default()).collect();
         for (i, item) in items.iter().enumerate() {
             let batch = &mut batches[item.store];
             for &(e, n) in &item.reports {
                 let counter = self.counter(item.store, &item.key, e);
+                let n = n.min(i64::MAX as u64);
                 batch.push(redis::cmd("INCRBY").arg(&counter).arg(n), i, false);
                 batch.push(redis::cmd("PEXPIRE").arg(&counter).arg(ttl), i, false);
             }
@@ -655,21 +680,24 @@ impl Coordinator {
                     (store.spread(batch.cmds, budget).await, batch.owners)
                 });
         // Per item: whether its reports landed, and the fleet's count (or why not).
-        let mut reported = vec![true; items.len()];
+        let mut landed = vec![true; items.len()];
+        let mut failure = None;
         let mut fleet: Vec<Result<u64, StoreError>> =
             vec![Err(StoreError::Protocol("no answer".into())); items.len()];
         for (replies, owners) in futures_util::future::join_all(sends).await {
             for (reply, (i, read)) in replies.into_iter().zip(owners) {
                 match (reply, read) {
                     (reply, true) => fleet[i] = reply.map(|v| count(&v)),
-                    (Err(_), false) => reported[i] = false,
+                    (Err(e), false) => {
+                        landed[i] = false;
+                        failure.get_or_insert(e);
+                    }
                     (Ok(_), false) => {}
                 }
             }
         }
         let mono = self.clock.monotonic();
-        let mut failure = None;
-        for ((item, reported), fleet) in items.iter().zip(reported).zip(fleet) {
+        for ((item, landed), fleet) in items.iter().zip(landed).zip(fleet) {
             let fleet = match fleet {
                 Ok(n) => Some(n),
                 Err(e) => {
@@ -679,10 +707,10 @@ impl Coordinator {
             };
             self.keys.update(item.key, epoch, |t| {
                 if let Some(t) = t {
-                    if reported {
+                    if landed {
                         for (e, _) in &item.reports {
                             if let Some(c) = t.counts.iter_mut().find(|c| c.epoch == *e) {
-                                c.reported = true;
+                                c.landed = true;
                             }
                         }
                     }
@@ -711,24 +739,20 @@ impl Coordinator {
     fn learn(&self, t: &mut Tracked, local: u64, fleet: u64, now: u64) {
         // The limit per sync interval.
         let limit = t.limit as f64 * self.interval_ms as f64 / t.window_ms.max(1) as f64;
-        // The counts are smoothed over intervals, the same way on every
-        // instance, so the shares still add up to one; a share computed from
-        // one interval's counts swings with the balancer's noise, and an
-        // instance whose share came out high wastes what it cannot use.
-        let (l, f) = match t.smoothed {
-            Some((l, f)) if local > 0 && fleet > 0 => (
-                SMOOTHING * local as f64 + (1.0 - SMOOTHING) * l,
-                SMOOTHING * fleet as f64 + (1.0 - SMOOTHING) * f,
-            ),
-            _ => (local as f64, fleet as f64),
-        };
-        t.smoothed = (local > 0 && fleet > 0).then_some((l, f));
-        let share = if local > 0 && fleet > 0 {
-            let rate = limit * l.min(f) / f / self.interval_ms as f64;
+        // One interval's counts, not smoothed over several: the shares of
+        // all instances then add up to exactly one, whatever each
+        // instance's history (smoothing made them one only where every
+        // instance had smoothed over the same intervals, and a key's first,
+        // partial interval skewed them for several more).
+        let (l, f) = (local.min(fleet) as f64, fleet as f64);
+        let share = if l > 0.0 && f > 0.0 {
+            let rate = limit * l / f / self.interval_ms as f64;
             if !matches!(t.share, Share::Allowance(_)) {
-                // A first allowance starts with a full budget if the fleet is
-                // within the limit (its wobble must not be dropped), else
-                // empty: the key ran open until now, so it has had its burst.
+                // A first allowance starts with half an interval of it if
+                // the fleet is within the limit (its wobble must not be
+                // dropped), else empty: the key ran open until now, so it
+                // has had its burst. Not the budget's floor: a key's first
+                // interval is partial and may look within the limit.
                 t.budget = if f <= limit {
                     rate * self.burst_ms
                 } else {

@@ -39,7 +39,6 @@ use deadpool_redis::redis::{
     self, Arg, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind,
     Value,
 };
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
@@ -53,85 +52,6 @@ pub(crate) struct ClusterLane {
     eviction: EvictionCheck,
     /// The first seed node, as it may be shown.
     shown: String,
-    /// The primaries' slot ranges, for [`ClusterLane::spread`]; dropped
-    /// after any sign that they moved, and read again by the next call.
-    slots: std::sync::Mutex<Slots>,
-}
-
-/// The kept slot map.
-#[derive(Default)]
-struct Slots {
-    map: Option<Arc<SlotMap>>,
-    /// Whether a sign that slots moved came since it was read.
-    stale: bool,
-}
-
-/// Which primary serves each hash slot: `(first, last, "host:port")`,
-/// from `CLUSTER SLOTS`.
-#[derive(Debug, Default)]
-struct SlotMap(Vec<(u16, u16, String)>);
-
-impl SlotMap {
-    fn parse(reply: &Value) -> Option<Self> {
-        let Value::Array(ranges) = reply else {
-            return None;
-        };
-        let mut map = Vec::with_capacity(ranges.len());
-        for range in ranges {
-            let Value::Array(fields) = range else {
-                return None;
-            };
-            let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(node))) =
-                (fields.first(), fields.get(1), fields.get(2))
-            else {
-                return None;
-            };
-            let host = match node.first()? {
-                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                Value::SimpleString(s) => s.clone(),
-                _ => return None,
-            };
-            let Some(Value::Int(port)) = node.get(1) else {
-                return None;
-            };
-            map.push((
-                u16::try_from(*first).ok()?,
-                u16::try_from(*last).ok()?,
-                format!("{host}:{port}"),
-            ));
-        }
-        Some(Self(map))
-    }
-
-    fn node(&self, slot: u16) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(first, last, _)| (*first..=*last).contains(&slot))
-            .map(|(_, _, node)| node.as_str())
-    }
-}
-
-/// The hash slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole
-/// key without one, modulo 16384.
-fn slot(key: &[u8]) -> u16 {
-    let tag = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(tag) % 16384
-}
-
-/// The key a single-key command names (its first argument).
-fn command_key(cmd: &Cmd) -> &[u8] {
-    match cmd.args_iter().nth(1) {
-        Some(Arg::Simple(b)) => b,
-        _ => &[],
-    }
 }
 
 impl ClusterLane {
@@ -171,7 +91,6 @@ impl ClusterLane {
             connect_timeout: settings.connect_timeout,
             eviction,
             shown,
-            slots: std::sync::Mutex::default(),
         })
     }
 
@@ -219,10 +138,13 @@ impl ClusterLane {
         }
     }
 
-    /// Sends single-key commands in one pipeline per primary, all at once,
-    /// each within `budget`; the answer to each command, in order. A node
-    /// that fails or does not answer in time fails only its own commands.
-    /// Nothing is re-sent: the caller counts a failed command as not run.
+    /// Sends single-key commands, all at once, each to the node serving
+    /// its key and each within `budget`; the answer to each, in order. The
+    /// client multiplexes the commands bound for one node on its connection
+    /// to it, so they travel together. Sent one by one rather than as a
+    /// redis-rs pipeline, an error (a `MOVED` while a slot migrates, a node
+    /// that is down) fails only its own command. Nothing is re-sent: the
+    /// caller counts a failed command as not run.
     pub(crate) async fn spread(
         &self,
         cmds: &[Cmd],
@@ -234,132 +156,17 @@ impl ClusterLane {
             Ok(conn) => conn,
             Err(e) => return cmds.iter().map(|_| Err(e.clone())).collect(),
         };
-        let deadline = tokio::time::Instant::now() + budget;
-        let map = match self.slot_map(&conn, budget).await {
-            Ok(map) => map,
-            Err(e) => return cmds.iter().map(|_| Err(e.clone())).collect(),
-        };
-        // One group per primary, sent to the slot of its first command (the
-        // client's own map routes it there; the node serves all the group's slots).
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-        let mut by_node: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-        for (i, cmd) in cmds.iter().enumerate() {
-            let slot = slot(command_key(cmd));
-            let node = map.node(slot).unwrap_or("");
-            let g = *by_node.entry(node).or_insert_with(|| {
-                groups.push((slot, Vec::new()));
-                groups.len() - 1
-            });
-            groups[g].1.push(i);
-        }
-        let sends = groups.iter().map(|(slot, members)| {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &i in members {
-                pipe.add_command(cmds[i].clone());
-            }
-            let route = SingleNodeRoutingInfo::SpecificNode(Route::new(*slot, SlotAddr::Master));
+        let sends = cmds.iter().map(|cmd| {
             let mut conn = conn.clone();
             async move {
-                tokio::time::timeout_at(
-                    deadline,
-                    conn.route_pipeline(pipe, 0, members.len(), route),
-                )
-                .await
+                match tokio::time::timeout(budget, conn.req_packed_command(cmd)).await {
+                    Ok(Ok(value)) => Ok(value),
+                    Ok(Err(e)) => Err(redis_error(e)),
+                    Err(_) => Err(StoreError::Timeout(budget)),
+                }
             }
         });
-        let replies = futures_util::future::join_all(sends).await;
-        let mut out: Vec<Result<Value, StoreError>> = cmds
-            .iter()
-            .map(|_| Err(StoreError::Timeout(budget)))
-            .collect();
-        // Whether the slots may have moved: a redirect, or a node that
-        // failed (a timeout alone says nothing about the slots).
-        let mut moved = false;
-        for ((_, members), reply) in groups.iter().zip(replies) {
-            match reply {
-                Ok(Ok(values)) => {
-                    for (&i, value) in members.iter().zip(values) {
-                        out[i] = match value {
-                            Value::ServerError(e) => {
-                                moved |= matches!(
-                                    e.kind(),
-                                    Some(ServerErrorKind::Moved | ServerErrorKind::Ask)
-                                );
-                                Err(redis_error(e.into()))
-                            }
-                            value => Ok(value),
-                        };
-                    }
-                }
-                Ok(Err(e)) => {
-                    moved = true;
-                    let e = redis_error(e);
-                    for &i in members {
-                        out[i] = Err(e.clone());
-                    }
-                }
-                Err(_) => {}
-            }
-        }
-        if moved {
-            self.slots
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .stale = true;
-        }
-        out
-    }
-
-    /// The slot map, read again with `CLUSTER SLOTS` (from any node) when
-    /// none is kept or the kept one may be stale. A stale map is still used
-    /// when no node answers within half of `budget`: most slots stay put.
-    async fn slot_map(
-        &self,
-        conn: &ClusterConnection,
-        budget: Duration,
-    ) -> Result<Arc<SlotMap>, StoreError> {
-        let kept = {
-            let slots = self
-                .slots
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match &slots.map {
-                Some(map) if !slots.stale => return Ok(map.clone()),
-                map => map.clone(),
-            }
-        };
-        let wait = if kept.is_some() { budget / 2 } else { budget };
-        let read = tokio::time::timeout(wait, async {
-            let reply = conn
-                .clone()
-                .route_command(
-                    redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-                )
-                .await
-                .map_err(redis_error)?;
-            SlotMap::parse(&reply).ok_or_else(|| {
-                StoreError::Protocol("CLUSTER SLOTS answered something unexpected".into())
-            })
-        })
-        .await
-        .unwrap_or(Err(StoreError::Timeout(wait)));
-        match (read, kept) {
-            (Ok(map), _) => {
-                let map = Arc::new(map);
-                *self
-                    .slots
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Slots {
-                    map: Some(map.clone()),
-                    stale: false,
-                };
-                Ok(map)
-            }
-            (Err(_), Some(kept)) => Ok(kept),
-            (Err(e), None) => Err(e),
-        }
+        futures_util::future::join_all(sends).await
     }
 
     async fn run_unbounded<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
@@ -519,47 +326,6 @@ mod tests {
             .unwrap()
             .extract_error()
             .unwrap_err()
-    }
-
-    #[test]
-    fn a_key_s_slot_is_that_of_its_hash_tag() {
-        // Values from `CLUSTER KEYSLOT`.
-        assert_eq!(slot(b"foo"), 12182);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"trl:api:{abc}:o:17"), slot(b"abc"));
-        // An empty tag is no tag: the whole key is hashed.
-        assert_eq!(
-            slot(b"a{}b"),
-            crc16::State::<crc16::XMODEM>::calculate(b"a{}b") % 16384
-        );
-    }
-
-    #[test]
-    fn the_slot_map_names_the_primary_of_each_range() {
-        let node = |host: &str, port| {
-            Value::Array(vec![
-                Value::BulkString(host.as_bytes().to_vec()),
-                Value::Int(port),
-                Value::BulkString(b"id".to_vec()),
-            ])
-        };
-        let reply = Value::Array(vec![
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Int(5460),
-                node("127.0.0.1", 7000),
-            ]),
-            Value::Array(vec![
-                Value::Int(5461),
-                Value::Int(16383),
-                node("127.0.0.1", 7001),
-            ]),
-        ]);
-        let map = SlotMap::parse(&reply).unwrap();
-        assert_eq!(map.node(0), Some("127.0.0.1:7000"));
-        assert_eq!(map.node(5461), Some("127.0.0.1:7001"));
-        assert_eq!(map.node(16383), Some("127.0.0.1:7001"));
-        assert!(SlotMap::parse(&Value::Int(1)).is_none());
     }
 
     #[test]

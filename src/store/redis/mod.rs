@@ -286,8 +286,9 @@ impl Primary {
     }
 
     /// Sends single-key commands in one round trip per node within
-    /// `budget`: one pipeline to a standalone primary, one per primary of a
-    /// cluster. The answer to each command, in order.
+    /// `budget`: one pipeline to a standalone primary; on a cluster, each
+    /// command to its key's node, multiplexed with the others bound there.
+    /// The answer to each command, in order.
     pub(crate) async fn spread(
         &self,
         cmds: &[Cmd],
@@ -1076,8 +1077,9 @@ impl RedisStore {
     }
 
     /// Sends single-key commands in one round trip per node (one pipeline
-    /// to a standalone primary, one per primary of a cluster), from the Redis
-    /// I/O runtime: the coordinated mode's sync. The answer to each command.
+    /// to a standalone primary; on a cluster, multiplexed per node), from
+    /// the Redis I/O runtime: the coordinated mode's sync. The answer to
+    /// each command.
     pub(crate) async fn spread(
         &self,
         cmds: Vec<Cmd>,
