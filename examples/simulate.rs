@@ -32,14 +32,13 @@ mod fleet;
 mod redis_support;
 
 use clap::Parser;
-use fleet::{Balancer, Fleet, Run, KEY_HEADER};
+use fleet::{Balancer, Fleet, Run};
 use plotters::prelude::*;
 use redis_support::{Cluster, RedisServer};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
-use tower_ratelimit::key::Header;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{Coordinated, DenyCache, Quota, RateLimitLayer};
+use tower_ratelimit::{Coordinated, DenyCache};
 
 #[derive(Parser, Debug)]
 #[command(about = "Simulate a fleet under each rate limiter mode")]
@@ -142,11 +141,7 @@ impl Sim<'_> {
         let interval = Duration::from_millis(self.args.sync_ms.max(1));
         let layers = (0..n)
             .map(|i| {
-                let mut b = RateLimitLayer::builder()
-                    .name(format!("sim-{mode}-{start}"))
-                    .quota(Quota::new(limit, Duration::from_secs(1)).unwrap())
-                    .key(Header::try_new(KEY_HEADER).unwrap())
-                    .clock(clock.clone());
+                let mut b = fleet::instance(&format!("sim-{mode}-{start}"), limit, &clock);
                 match mode {
                     // Every request goes to Redis: no local deny cache here.
                     "strict" => {

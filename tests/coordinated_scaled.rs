@@ -9,11 +9,11 @@ mod fleet;
 #[path = "support/redis.rs"]
 mod redis_support;
 
-use fleet::{Balancer, Fleet, KEY_HEADER};
+use fleet::{Balancer, Fleet};
 use redis_support::{require_redis, RedisServer};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
-use tower_ratelimit::key::{Header, Key};
+use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Namespace, RedisStore, ShardedStore};
 use tower_ratelimit::{Coordinated, Quota, RateLimitLayer};
 
@@ -28,17 +28,13 @@ fn fleet(coordinated: impl Fn() -> Coordinated) -> Fleet {
     let clock = ManualClock::new(SystemClock.now_ms() / 1000 * 1000);
     let layers = (0..INSTANCES)
         .map(|i| {
-            RateLimitLayer::builder()
-                .name(NAME)
-                .quota(Quota::new(LIMIT, Duration::from_secs(1)).unwrap())
-                .key(Header::try_new(KEY_HEADER).unwrap())
+            fleet::instance(NAME, LIMIT, &clock)
                 .coordinated(
                     coordinated()
                         .sync_timeout(Duration::from_millis(200))
                         .manual_sync()
                         .seed(i as u64 + 1),
                 )
-                .clock(clock.clone())
                 .build()
                 .unwrap()
         })

@@ -9,13 +9,12 @@ mod fleet;
 #[path = "support/redis.rs"]
 mod redis_support;
 
-use fleet::{Balancer, Fleet, Run, KEY_HEADER};
+use fleet::{Balancer, Fleet, Run};
 use redis_support::{require_redis, RedisServer};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
-use tower_ratelimit::key::Header;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{Coordinated, Quota, RateLimitLayer};
+use tower_ratelimit::Coordinated;
 
 /// `n` coordinated instances on `server`, limit `limit`/s per key.
 fn fleet(
@@ -31,10 +30,7 @@ fn fleet(
     let name = format!("surge-{start_ms}");
     let layers = (0..n)
         .map(|i| {
-            RateLimitLayer::builder()
-                .name(name.clone())
-                .quota(Quota::new(limit, Duration::from_secs(1)).unwrap())
-                .key(Header::try_new(KEY_HEADER).unwrap())
+            fleet::instance(&name, limit, &clock)
                 .coordinated(
                     Coordinated::new(RedisStore::new(server.url()).unwrap())
                         .sync_interval(interval)
@@ -42,12 +38,24 @@ fn fleet(
                         .manual_sync()
                         .seed(i as u64 + 1),
                 )
-                .clock(clock.clone())
                 .build()
                 .unwrap()
         })
         .collect();
     Fleet::new(layers, clock, interval, keys, balancer)
+}
+
+/// The surge profile, limit 200/s on 4 instances (1 s sync): 6 s at the
+/// limit, 10 s at 15 times it, 6 s at the limit again.
+const LIMIT: u64 = 200;
+const SURGE: [(usize, u64); 3] = [(6, LIMIT), (10, 15 * LIMIT), (6, LIMIT)];
+
+/// Runs the surge profile behind `balancer`, from wall time `start`.
+async fn surge(server: &RedisServer, balancer: Balancer, start: u64) -> (Run, Vec<u64>) {
+    let mut fleet = fleet(server, 4, LIMIT, Duration::from_secs(1), 1, balancer, start);
+    let run = run(&mut fleet, LIMIT, &SURGE).await;
+    let admitted = run.seconds.iter().map(|(_, a)| *a).collect();
+    (run, admitted)
 }
 
 async fn run(fleet: &mut Fleet, limit: u64, profile: &[(usize, u64)]) -> Run {
@@ -67,28 +75,11 @@ async fn a_15x_surge_on_4_instances_is_held_near_the_limit_from_its_first_second
         return;
     }
     let server = RedisServer::start();
-    let limit = 200;
-    let start = SystemClock.now_ms();
+    let limit = LIMIT;
     // A balancer spreading requests evenly (round robin). At random, each
     // instance's load wobbles around its share and one with less than its
     // share cannot give the rest to another: see the random-balancer test.
-    let mut fleet = fleet(
-        &server,
-        4,
-        limit,
-        Duration::from_secs(1),
-        1,
-        Balancer::RoundRobin,
-        start,
-    );
-    // 6 s at the limit, 10 s at 15 times it, 6 s at the limit again.
-    let run = run(
-        &mut fleet,
-        limit,
-        &[(6, limit), (10, 15 * limit), (6, limit)],
-    )
-    .await;
-    let admitted: Vec<u64> = run.seconds.iter().map(|(_, a)| *a).collect();
+    let (run, admitted) = surge(&server, Balancer::RoundRobin, SystemClock.now_ms()).await;
     println!("admitted per second: {admitted:?}");
 
     let first_two: u64 = admitted[6..8].iter().sum();
@@ -123,25 +114,10 @@ async fn a_15x_surge_behind_a_random_balancer_holds_the_limit_and_drops_little_a
         return;
     }
     let server = RedisServer::start();
-    let limit = 200;
+    let limit = LIMIT;
     for seed in 1..=3 {
         let start = SystemClock.now_ms() / 1000 * 1000 + seed * 211;
-        let mut fleet = fleet(
-            &server,
-            4,
-            limit,
-            Duration::from_secs(1),
-            1,
-            Balancer::Random(seed),
-            start,
-        );
-        let run = run(
-            &mut fleet,
-            limit,
-            &[(6, limit), (10, 15 * limit), (6, limit)],
-        )
-        .await;
-        let admitted: Vec<u64> = run.seconds.iter().map(|(_, a)| *a).collect();
+        let (run, admitted) = surge(&server, Balancer::Random(seed), start).await;
         println!("seed {seed}, admitted per second: {admitted:?}");
         let first_two: u64 = admitted[6..8].iter().sum();
         assert!(first_two as f64 <= 1.5 * 2.0 * limit as f64, "{first_two}");

@@ -12,7 +12,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_ratelimit::clock::ManualClock;
-use tower_ratelimit::RateLimitLayer;
+use tower_ratelimit::key::Header;
+use tower_ratelimit::{Quota, RateLimitLayer, RateLimitLayerBuilder};
 
 /// How the balancer picks an instance for each request.
 #[derive(Clone, Copy, Debug)]
@@ -25,6 +26,16 @@ pub enum Balancer {
 
 /// The header the simulated clients' keys travel in.
 pub const KEY_HEADER: &str = "x-sim-key";
+
+/// One instance of a simulated fleet, still to be given its mode: `limit`
+/// requests a second for each key (read from [`KEY_HEADER`]), on `clock`.
+pub fn instance(name: &str, limit: u64, clock: &ManualClock) -> RateLimitLayerBuilder {
+    RateLimitLayer::builder()
+        .name(name)
+        .quota(Quota::new(limit, Duration::from_secs(1)).unwrap())
+        .key(Header::try_new(KEY_HEADER).unwrap())
+        .clock(clock.clone())
+}
 
 pub struct Fleet {
     layers: Vec<RateLimitLayer>,

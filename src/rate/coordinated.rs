@@ -355,6 +355,11 @@ impl Tracked {
         (c.epoch == epoch && c.offered > 0).then_some(c)
     }
 
+    /// The binding quota's limit per sync interval of `interval_ms`.
+    fn limit_per(&self, interval_ms: u64) -> f64 {
+        self.limit as f64 * interval_ms as f64 / self.window_ms.max(1) as f64
+    }
+
     fn newest(&self) -> u64 {
         self.counts
             .iter()
@@ -396,7 +401,7 @@ struct Item {
     store: usize,
     /// Intervals reported now, with their counts.
     reports: Vec<(u64, u64)>,
-    /// This instance's reported count in the interval read.
+    /// This instance's count in the interval read, if Redis confirmed it.
     local: u64,
 }
 
@@ -545,9 +550,9 @@ impl Coordinator {
                 // A request dearer than the budget holds still passes when
                 // the budget is full, unless it exceeds the fleet's whole
                 // limit for an interval.
-                let fleet_limit =
-                    t.limit as f64 * self.interval_ms as f64 / t.window_ms.max(1) as f64;
-                let cap = self.capacity(rate).max((cost as f64).min(fleet_limit));
+                let cap = self
+                    .capacity(rate)
+                    .max((cost as f64).min(t.limit_per(self.interval_ms)));
                 let elapsed = now.saturating_sub(t.refilled) as f64;
                 t.budget = (t.budget + elapsed * rate).min(cap);
                 t.refilled = now.max(t.refilled);
@@ -626,23 +631,21 @@ impl Coordinator {
         let read = epoch.saturating_sub(2);
         let mut items: Vec<Item> = Vec::new();
         self.keys.retain(|key, t| {
-            if t.newest() + 3 < epoch {
+            if bounded::Entry::expired(t, epoch) {
                 return false;
             }
-            let reports = t
-                .counts
-                .iter()
-                // Never the interval read now: a late report would reach
-                // some readers and not others, and skew their shares.
-                .filter(|c| c.offered > 0 && !c.sent && c.epoch < epoch && c.epoch > read)
-                .map(|c| (c.epoch, c.offered))
-                .collect();
             let local = t.at(read).filter(|c| c.landed).map_or(0, |c| c.offered);
+            // The intervals that ended since the one read now (never that
+            // one: a late report would reach some readers and not others).
+            let mut reports = Vec::new();
             for c in t
                 .counts
                 .iter_mut()
                 .filter(|c| c.epoch > read && c.epoch < epoch)
             {
+                if c.offered > 0 && !c.sent {
+                    reports.push((c.epoch, c.offered));
+                }
                 c.sent = true;
             }
             items.push(Item {
@@ -737,8 +740,7 @@ impl Coordinator {
     /// Sets `t`'s share from this instance's count (`local`) and the fleet's
     /// in the interval read, at layer time `now`.
     fn learn(&self, t: &mut Tracked, local: u64, fleet: u64, now: u64) {
-        // The limit per sync interval.
-        let limit = t.limit as f64 * self.interval_ms as f64 / t.window_ms.max(1) as f64;
+        let limit = t.limit_per(self.interval_ms);
         // One interval's counts, not smoothed over several: the shares of
         // all instances then add up to exactly one, whatever each
         // instance's history (smoothing made them one only where every

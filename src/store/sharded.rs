@@ -80,19 +80,23 @@ struct Shard {
     redis: Option<crate::store::RedisStore>,
 }
 
-/// A shard as added to the builder.
-struct Added {
-    name: String,
-    store: Arc<dyn Store>,
-    #[cfg(feature = "redis")]
-    redis: Option<crate::store::RedisStore>,
+impl Shard {
+    fn new(name: String, store: Arc<dyn Store>) -> Self {
+        Self {
+            seed: digest64(&[name.as_bytes()]),
+            name,
+            store,
+            #[cfg(feature = "redis")]
+            redis: None,
+        }
+    }
 }
 
 /// Configures a [`ShardedStore`].
 #[must_use]
 #[derive(Default)]
 pub struct ShardedStoreBuilder {
-    shards: Vec<Added>,
+    shards: Vec<Shard>,
 }
 
 impl fmt::Debug for ShardedStoreBuilder {
@@ -122,13 +126,11 @@ impl ShardedStoreBuilder {
     /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn shard(self, store: crate::store::RedisStore) -> Self {
-        let name = store.shard_name().to_owned();
-        let mut this = self.named_shard(name, store.clone());
-        if let Some(added) = this.shards.last_mut() {
-            added.redis = Some(store);
-        }
-        this
+    pub fn shard(mut self, store: crate::store::RedisStore) -> Self {
+        let mut shard = Shard::new(store.shard_name().to_owned(), Arc::new(store.clone()));
+        shard.redis = Some(store);
+        self.shards.push(shard);
+        self
     }
 
     /// Adds any store as a shard under `name`, its identity in the mapping:
@@ -143,12 +145,7 @@ impl ShardedStoreBuilder {
     ///     .unwrap();
     /// ```
     pub fn named_shard(mut self, name: impl Into<String>, store: impl Store) -> Self {
-        self.shards.push(Added {
-            name: name.into(),
-            store: Arc::new(store),
-            #[cfg(feature = "redis")]
-            redis: None,
-        });
+        self.shards.push(Shard::new(name.into(), Arc::new(store)));
         self
     }
 
@@ -168,17 +165,7 @@ impl ShardedStoreBuilder {
         if names.first().is_some_and(|n| n.is_empty()) {
             return Err(ConfigError::new("a shard name must not be empty"));
         }
-        let shards: Box<[Shard]> = self
-            .shards
-            .into_iter()
-            .map(|added| Shard {
-                seed: digest64(&[added.name.as_bytes()]),
-                name: added.name,
-                store: added.store,
-                #[cfg(feature = "redis")]
-                redis: added.redis,
-            })
-            .collect();
+        let shards: Box<[Shard]> = self.shards.into();
         let mut domains = 0;
         let domain_offsets = shards
             .iter()

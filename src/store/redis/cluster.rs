@@ -154,7 +154,7 @@ impl ClusterLane {
         // connection cut short by a sync's budget would start over each sync.
         let conn = match self.connection().await {
             Ok(conn) => conn,
-            Err(e) => return cmds.iter().map(|_| Err(e.clone())).collect(),
+            Err(e) => return super::failed_all(cmds.len(), e),
         };
         let sends = cmds.iter().map(|cmd| {
             let mut conn = conn.clone();

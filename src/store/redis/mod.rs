@@ -309,21 +309,22 @@ impl Primary {
                             v => Ok(v),
                         })
                         .collect(),
-                    Ok(_) => cmds
-                        .iter()
-                        .map(|_| {
-                            Err(StoreError::Protocol(
-                                "a pipeline reply of another length".into(),
-                            ))
-                        })
-                        .collect(),
-                    Err(e) => cmds.iter().map(|_| Err(e.clone())).collect(),
+                    Ok(_) => failed_all(
+                        cmds.len(),
+                        StoreError::Protocol("a pipeline reply of another length".into()),
+                    ),
+                    Err(e) => failed_all(cmds.len(), e),
                 }
             }
             #[cfg(feature = "cluster")]
             Primary::Cluster(cluster) => cluster.spread(cmds, budget).await,
         }
     }
+}
+
+/// `n` answers, each the error `e` (every command of a call that failed whole).
+pub(crate) fn failed_all<T>(n: usize, e: StoreError) -> Vec<Result<T, StoreError>> {
+    (0..n).map(|_| Err(e.clone())).collect()
 }
 
 /// What a builder connects to.
@@ -1087,10 +1088,9 @@ impl RedisStore {
     ) -> Vec<Result<redis::Value, StoreError>> {
         let inner = self.inner.clone();
         let n = cmds.len();
-        match io::call(async move { Ok(inner.primary.spread(&cmds, budget).await) }).await {
-            Ok(replies) => replies,
-            Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
-        }
+        io::call(async move { Ok(inner.primary.spread(&cmds, budget).await) })
+            .await
+            .unwrap_or_else(|e| failed_all(n, e))
     }
 
     /// Whether this store talks to a Redis Cluster.
