@@ -3,7 +3,8 @@
 //! Two styles: GitHub's `X-RateLimit-*` (the most restrictive quota) and the
 //! IETF draft's structured fields, one list member per quota:
 //! `RateLimit-Policy: "1m";q=60;w=60` and `RateLimit: "1m";r=42;t=17`,
-//! written with the [`sfv`] crate. Rejections carry `Retry-After`.
+//! written with the [`sfv`] crate (the integers, always within its range,
+//! directly). Rejections carry `Retry-After`.
 //!
 //! ```
 //! # use std::num::NonZeroU32;
@@ -44,10 +45,10 @@
 //! limit with the GitHub headers, so the most restrictive report wins; the
 //! IETF lists carry every limiter's policies.
 
-use crate::decision::{Decision, QuotaStatus};
+use crate::decision::Decision;
 use crate::quota::{Policy, Quota};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use sfv::{key_ref, string_ref, Integer, ListSerializer, StringRef};
+use sfv::{key_ref, string_ref, Integer, ItemSerializer, ListSerializer, StringRef};
 
 /// `X-RateLimit-Limit`: the binding quota's limit.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -94,22 +95,6 @@ pub(crate) fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// One quota as the IETF fields describe it.
-pub(crate) struct Member<'a> {
-    /// The policy's name (an sf-string: validated when the quota was named).
-    pub(crate) name: &'a str,
-    /// `q`: the quota.
-    pub(crate) quota: u64,
-    /// `w`: the window in seconds, when there is one.
-    pub(crate) window_secs: Option<u64>,
-    /// `qu`: the unit, when it is not `requests`.
-    pub(crate) unit: Option<&'a str>,
-    /// `r`: what is left.
-    pub(crate) remaining: u64,
-    /// `t`: seconds until more quota is available, when known.
-    pub(crate) reset_secs: Option<u64>,
-}
-
 /// Writes the headers of a rate limit decision (from one store read) at `now_ms`.
 pub(crate) fn apply(
     style: HeaderStyle,
@@ -136,13 +121,32 @@ pub(crate) fn apply(
         }
     }
     if style.ietf() {
-        let members = policy
+        let (policy_field, names) = policy.ietf_parts().get_or_init(|| made_once(policy));
+        let statuses = decision.statuses();
+        let own_limits = policy
             .quotas()
             .iter()
-            .zip(decision.statuses())
-            .zip(policy.names())
-            .map(|((q, s), name)| member(q, name, s, now_ms));
-        ietf(headers, members);
+            .zip(statuses)
+            .all(|(q, s)| q.burst_size() == s.limit);
+        let policy_field = if own_limits {
+            policy_field.clone()
+        } else {
+            list_value(policy_list(
+                policy
+                    .quotas()
+                    .iter()
+                    .zip(statuses)
+                    .zip(policy.names())
+                    .map(|((q, s), name)| member(q, name, s.limit)),
+            ))
+        };
+        append(headers, &RATELIMIT_POLICY, policy_field);
+        let mut state = String::with_capacity(32 * names.len());
+        for (s, name) in statuses.iter().zip(names.iter()) {
+            let reset = ceil_secs(s.reset_ms.saturating_sub(now_ms));
+            state_member(&mut state, name, s.remaining, Some(reset));
+        }
+        append(headers, &RATELIMIT, list_value(state));
     }
     if !decision.is_allowed() {
         let wait = decision.retry_after_ms();
@@ -152,14 +156,28 @@ pub(crate) fn apply(
     }
 }
 
-fn member<'a>(q: &'a Quota, name: &'a str, s: &QuotaStatus, now_ms: u64) -> Member<'a> {
+/// What the IETF headers write of `policy` the same way on every response:
+/// its `RateLimit-Policy` field, and each quota's name as a structured-field
+/// string.
+fn made_once(policy: &Policy) -> (HeaderValue, Box<[String]>) {
+    let quotas = policy.quotas().iter().zip(policy.names());
+    let field = policy_list(
+        quotas
+            .clone()
+            .map(|(q, name)| member(q, name, q.burst_size())),
+    );
+    let names = quotas.map(|(_, name)| sf_string(name)).collect();
+    (list_value(field), names)
+}
+
+fn member<'a>(q: &'a Quota, name: &'a str, limit: u64) -> Member<'a> {
     Member {
         name,
-        quota: s.limit,
+        quota: limit,
         window_secs: Some(ceil_secs(q.window_ms())),
         unit: q.unit_param(),
-        remaining: s.remaining,
-        reset_secs: Some(ceil_secs(s.reset_ms.saturating_sub(now_ms))),
+        remaining: 0,
+        reset_secs: None,
     }
 }
 
@@ -184,31 +202,102 @@ pub(crate) fn github(
     if earlier.is_some_and(|r| r <= remaining) {
         return;
     }
-    headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-    headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
+    headers.insert(&X_RATELIMIT_LIMIT, limit);
     match reset_and_used {
         Some((reset, used)) => {
-            headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
-            headers.insert(X_RATELIMIT_USED.clone(), HeaderValue::from(used));
+            let [remaining, reset, used] = integers([remaining, reset, used]);
+            headers.insert(&X_RATELIMIT_REMAINING, remaining);
+            headers.insert(&X_RATELIMIT_RESET, reset);
+            headers.insert(&X_RATELIMIT_USED, used);
         }
         None => {
+            headers.insert(&X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
             headers.remove(&X_RATELIMIT_RESET);
             headers.remove(&X_RATELIMIT_USED);
         }
     }
 }
 
+/// Up to three numbers' digits, in one buffer.
+struct Digits {
+    buf: [u8; 3 * 20],
+    len: usize,
+}
+
+impl AsRef<[u8]> for Digits {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Header values of up to three numbers, sharing one allocation: the
+/// GitHub headers of a response write three, and an allocation each cost
+/// more than the rest of the headers together.
+fn integers<const N: usize>(numbers: [u64; N]) -> [HeaderValue; N] {
+    const { assert!(N <= 3, "a u64 has at most 20 digits") };
+    let mut digits = Digits {
+        buf: [0; 60],
+        len: 0,
+    };
+    let mut ends = [0; N];
+    for (n, end) in numbers.iter().zip(&mut ends) {
+        let mut itoa = itoa::Buffer::new();
+        let text = itoa.format(*n).as_bytes();
+        digits.buf[digits.len..digits.len + text.len()].copy_from_slice(text);
+        digits.len += text.len();
+        *end = digits.len;
+    }
+    let shared = bytes::Bytes::from_owner(digits);
+    let mut start = 0;
+    let mut i = 0;
+    ends.map(|end| {
+        let value = HeaderValue::from_maybe_shared(shared.slice(start..end))
+            .unwrap_or_else(|_| HeaderValue::from(numbers[i]));
+        (start, i) = (end, i + 1);
+        value
+    })
+}
+
+/// One quota as the IETF fields describe it.
+#[derive(Clone, Copy)]
+pub(crate) struct Member<'a> {
+    /// The policy's name (an sf-string: validated when the quota was named).
+    pub(crate) name: &'a str,
+    /// `q`: the quota.
+    pub(crate) quota: u64,
+    /// `w`: the window in seconds, when there is one.
+    pub(crate) window_secs: Option<u64>,
+    /// `qu`: the unit, when it is not `requests`.
+    pub(crate) unit: Option<&'a str>,
+    /// `r`: what is left.
+    pub(crate) remaining: u64,
+    /// `t`: seconds until more quota is available, when known.
+    pub(crate) reset_secs: Option<u64>,
+}
+
 /// The IETF fields of `members`, appended to what an inner limiter wrote:
 /// a response can report several policies.
-pub(crate) fn ietf<'a>(headers: &mut HeaderMap, members: impl IntoIterator<Item = Member<'a>>) {
-    let mut policy_buf = earlier_members(headers, &RATELIMIT_POLICY);
-    let mut state_buf = earlier_members(headers, &RATELIMIT);
-    let mut policy = ListSerializer::with_buffer(&mut policy_buf);
-    let mut state = ListSerializer::with_buffer(&mut state_buf);
+pub(crate) fn ietf(headers: &mut HeaderMap, members: &[Member<'_>]) {
+    append(
+        headers,
+        &RATELIMIT_POLICY,
+        list_value(policy_list(members.iter().copied())),
+    );
+    let mut state = String::new();
+    for m in members {
+        state_member(&mut state, &sf_string(m.name), m.remaining, m.reset_secs);
+    }
+    append(headers, &RATELIMIT, list_value(state));
+}
+
+/// `RateLimit-Policy` members (`"name";q=100;w=60`), written by [`sfv`].
+fn policy_list<'a>(members: impl Iterator<Item = Member<'a>>) -> String {
+    let mut buf = String::with_capacity(64);
+    let mut list = ListSerializer::with_buffer(&mut buf);
     for m in members {
         // Names are validated when a quota is named; a window name always fits.
         let name = StringRef::from_str(m.name).unwrap_or(string_ref("quota"));
-        let mut p = policy.bare_item(name).parameter(key_ref("q"), int(m.quota));
+        let mut p = list.bare_item(name).parameter(key_ref("q"), int(m.quota));
         if let Some(w) = m.window_secs {
             p = p.parameter(key_ref("w"), int(w));
         }
@@ -216,31 +305,54 @@ pub(crate) fn ietf<'a>(headers: &mut HeaderMap, members: impl IntoIterator<Item 
             // The parameters are written as they are added; the serializer is done.
             let _ = p.parameter(key_ref("qu"), unit);
         }
-        let r = state
-            .bare_item(name)
-            .parameter(key_ref("r"), int(m.remaining));
-        if let Some(t) = m.reset_secs {
-            let _ = r.parameter(key_ref("t"), int(t));
-        }
     }
-    if let (Some(_), Some(_)) = (policy.finish(), state.finish()) {
-        set_list(headers, &RATELIMIT_POLICY, policy_buf);
-        set_list(headers, &RATELIMIT, state_buf);
+    let _ = list.finish();
+    buf
+}
+
+/// `name` as a structured-field string (quoted, escaped), written by [`sfv`].
+fn sf_string(name: &str) -> String {
+    let name = StringRef::from_str(name).unwrap_or(string_ref("quota"));
+    ItemSerializer::new().bare_item(name).finish()
+}
+
+/// Appends one `RateLimit` member, `"name";r=42;t=17`, to `list`. Its name
+/// comes serialized ([`sf_string`]), and its integers are within the range
+/// of a structured-field integer ([`int`]); nothing else in it varies, so
+/// the integers are written here directly, at a fraction of the cost of
+/// going through `core::fmt`.
+fn state_member(list: &mut String, sf_name: &str, remaining: u64, reset_secs: Option<u64>) {
+    if !list.is_empty() {
+        list.push_str(", ");
+    }
+    let mut itoa = itoa::Buffer::new();
+    list.push_str(sf_name);
+    list.push_str(";r=");
+    list.push_str(itoa.format(i64::from(int(remaining))));
+    if let Some(t) = reset_secs {
+        list.push_str(";t=");
+        list.push_str(itoa.format(i64::from(int(t))));
     }
 }
 
-/// What an inner limiter already wrote in a list header, followed by the
-/// separator for the members to come (a response can report several
-/// policies); empty if nothing was.
-fn earlier_members(headers: &HeaderMap, name: &HeaderName) -> String {
-    let mut buf = String::with_capacity(64);
-    if let Some(earlier) = headers.get(name).and_then(|v| v.to_str().ok()) {
-        if !earlier.is_empty() {
-            buf.push_str(earlier);
-            buf.push_str(", ");
+/// Sets a structured-field list header to `value`, after what an inner
+/// limiter already wrote in it (a response can report several policies).
+fn append(headers: &mut HeaderMap, name: &'static HeaderName, value: HeaderValue) {
+    let value = match headers.get(name) {
+        Some(earlier) if !earlier.is_empty() && !value.is_empty() => {
+            let mut both = Vec::with_capacity(earlier.len() + 2 + value.len());
+            both.extend_from_slice(earlier.as_bytes());
+            both.extend_from_slice(b", ");
+            both.extend_from_slice(value.as_bytes());
+            match HeaderValue::from_maybe_shared(bytes::Bytes::from(both)) {
+                Ok(v) => v,
+                Err(_) => return,
+            }
         }
-    }
-    buf
+        Some(_) if value.is_empty() => return,
+        _ => value,
+    };
+    headers.insert(name, value);
 }
 
 /// A structured-field integer; every number written here is within range
@@ -249,16 +361,16 @@ fn int(n: u64) -> Integer {
     Integer::try_from(n).unwrap_or(Integer::MAX)
 }
 
-/// Sets a structured-field list header to `list` (its bytes are moved, not copied).
-fn set_list(headers: &mut HeaderMap, name: &HeaderName, list: String) {
-    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(list)) {
-        headers.insert(name.clone(), v);
-    }
+/// A list's text as a header value (its bytes are moved, not copied).
+fn list_value(list: String) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(list))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::QuotaStatus;
     use std::time::Duration;
 
     fn status(limit: u64, remaining: u64, reset_ms: u64, allowed: bool, retry: u64) -> QuotaStatus {
@@ -350,13 +462,72 @@ mod tests {
     }
 
     #[test]
+    fn numbers_sharing_one_buffer_each_read_as_written() {
+        let [a, b, c] = integers([0, u64::MAX, 1_764_000_000]);
+        assert_eq!(a, "0");
+        assert_eq!(b, "18446744073709551615");
+        assert_eq!(c, "1764000000");
+        let [one] = integers([42]);
+        assert_eq!(one, "42");
+    }
+
+    #[test]
+    fn ietf_fields_parse_as_structured_field_lists_whatever_the_names_and_numbers() {
+        let max = crate::quota::MAX_LIMIT;
+        let policy = and_hourly(
+            Quota::new(max, Duration::from_secs(1))
+                .unwrap()
+                .named(r#"a\b"c"#)
+                .unwrap(),
+            "~ { }",
+        );
+        let d = Decision::from_statuses(
+            [
+                status(max, max, u64::MAX, true, 0),
+                status(1000, 0, 3_000_000, false, 2_999_000),
+            ],
+            1,
+        );
+        let mut h = HeaderMap::new();
+        // An inner limiter's report comes first.
+        h.insert(&RATELIMIT, HeaderValue::from_static(r#""inner";r=1"#));
+        apply(HeaderStyle::Ietf, &policy, &d, 1_000, &mut h);
+        for (field, members) in [(&RATELIMIT_POLICY, 2), (&RATELIMIT, 3)] {
+            let text = h[field].to_str().unwrap();
+            let list = sfv::Parser::new(text).parse::<sfv::List>().unwrap();
+            assert_eq!(list.len(), members, "{text}");
+        }
+        assert_eq!(
+            h[&RATELIMIT],
+            format!(r#""inner";r=1, "a\\b\"c";r={max};t=999999999999999, "~ {{ }}";r=0;t=2999"#)
+                .as_str()
+        );
+    }
+
+    #[test]
+    fn a_status_that_reports_another_limit_than_its_quota_is_listed_with_it() {
+        let policy = Policy::new(Quota::new(10, Duration::from_secs(60)).unwrap());
+        let own = Decision::from_statuses([status(10, 9, 61_000, true, 0)], 1);
+        let lowered = Decision::from_statuses([status(4, 3, 61_000, true, 0)], 1);
+        for (d, field) in [
+            (&own, r#""1m";q=10;w=60"#),
+            (&lowered, r#""1m";q=4;w=60"#),
+            (&own, r#""1m";q=10;w=60"#),
+        ] {
+            let mut h = HeaderMap::new();
+            apply(HeaderStyle::Ietf, &policy, d, 1_000, &mut h);
+            assert_eq!(h[&RATELIMIT_POLICY], field);
+        }
+    }
+
+    #[test]
     fn stacked_limiters_keep_the_most_restrictive_github_numbers_and_list_every_ietf_policy() {
         // What an inner concurrency limiter wrote on its 429.
         let mut h = HeaderMap::new();
         github(&mut h, HeaderValue::from(5), 0, None);
         ietf(
             &mut h,
-            [Member {
+            &[Member {
                 name: "concurrency",
                 quota: 5,
                 window_secs: None,

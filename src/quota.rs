@@ -154,7 +154,7 @@ mod text;
 use crate::error::ConfigError;
 use std::borrow::Cow;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The most quotas one policy may hold (each is charged in the same atomic call).
@@ -667,7 +667,7 @@ pub struct Policy {
     inner: Arc<Quotas>,
 }
 
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug)]
 struct Quotas {
     quotas: Box<[Quota]>,
     /// Each quota's [`name`](Quota::name), made once: headers name every
@@ -676,6 +676,25 @@ struct Quotas {
     /// Each quota's `X-RateLimit-Limit` value (its [`burst_size`](Quota::burst_size)),
     /// made once for the same reason.
     limits: Box<[http::HeaderValue]>,
+    /// What the IETF headers write of the policy, made on first use: the
+    /// `RateLimit-Policy` field and each quota's name as a structured-field
+    /// string (see `headers::ietf_parts`).
+    ietf: OnceLock<(http::HeaderValue, Box<[String]>)>,
+}
+
+// A policy is its quotas: the rest is made from them.
+impl PartialEq for Quotas {
+    fn eq(&self, other: &Self) -> bool {
+        self.quotas == other.quotas
+    }
+}
+
+impl Eq for Quotas {}
+
+impl std::hash::Hash for Quotas {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.quotas.hash(state);
+    }
 }
 
 impl Policy {
@@ -701,6 +720,7 @@ impl Policy {
                 quotas: quotas.into(),
                 names,
                 limits,
+                ietf: OnceLock::new(),
             }),
         }
     }
@@ -751,6 +771,11 @@ impl Policy {
     /// Quota `i`'s `X-RateLimit-Limit` value.
     pub(crate) fn limit_header(&self, i: usize) -> Option<&http::HeaderValue> {
         self.inner.limits.get(i)
+    }
+
+    /// Where the IETF headers keep what they make of this policy once.
+    pub(crate) fn ietf_parts(&self) -> &OnceLock<(http::HeaderValue, Box<[String]>)> {
+        &self.inner.ietf
     }
 }
 

@@ -63,7 +63,7 @@ pub(crate) fn apply(style: HeaderStyle, r: &ConcurrencyRejection<'_>, h: &mut He
     if style.ietf() {
         headers::ietf(
             h,
-            [Member {
+            &[Member {
                 name: r.name,
                 quota: r.limit,
                 window_secs: None,
