@@ -118,6 +118,7 @@ impl Decision {
     /// Decides from the statuses pushed, quota `i` having been asked to fit
     /// `asks(i).0` units and charged `asks(i).1`: allowed only if every
     /// quota allows; otherwise nothing is charged, and the statuses say so.
+    #[inline]
     pub(crate) fn decide_each(&mut self, asks: impl Fn(usize) -> (u64, u64)) {
         let statuses = &mut self.statuses;
         self.allowed = statuses.iter().all(|s| s.allowed);

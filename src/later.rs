@@ -134,11 +134,12 @@ where
 {
     /// Drives the request to its end: the inner service's response, with
     /// what was kept for it, goes through `inner`; the limiter's own answer
-    /// through `answered`.
+    /// through `answered`. `inner` takes what was kept only if it needs it
+    /// past the response head; otherwise it is dropped with this future.
     pub(crate) fn poll_served<O>(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        inner: impl FnOnce(S::Response, T) -> O,
+        inner: impl FnOnce(S::Response, &mut Option<T>) -> O,
         answered: impl FnOnce(Response<Bytes>) -> O,
     ) -> Poll<Result<O, S::Error>> {
         let mut this = self.project();
@@ -163,8 +164,7 @@ where
                 }
                 StateProj::Inner { fut } => {
                     let res = ready!(fut.poll(cx))?;
-                    let kept = this.kept.take().expect("polled after completion");
-                    return Poll::Ready(Ok(inner(res, kept)));
+                    return Poll::Ready(Ok(inner(res, this.kept)));
                 }
                 StateProj::Answered { res } => {
                     let res = res.take().expect("polled after completion");

@@ -51,7 +51,7 @@ where
         // An error drops the slot with the future: it is given back.
         self.project().serve.poll_served(
             cx,
-            |res, slot| res.map(|body| GuardedBody::inner(body, slot)),
+            |res, slot| res.map(|body| GuardedBody::inner(body, slot.take().flatten())),
             |res| res.map(GuardedBody::answer),
         )
     }

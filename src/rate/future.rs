@@ -62,12 +62,18 @@ where
         let limiter = &*this.limiter;
         this.serve.poll_served(
             cx,
-            |res, charged| {
+            |res, kept| {
                 let (mut head, body) = res.into_parts();
-                let settling = charged.and_then(|mut c| {
-                    let later = limiter.finish(&mut c, head.status, &mut head.headers)?;
-                    Some(Settling::new(limiter.clone(), c, later.head))
-                });
+                let settling =
+                    match kept {
+                        Some(Some(c)) => limiter
+                            .finish(c, head.status, &mut head.headers)
+                            .and_then(|later| {
+                                let c = kept.take().flatten()?;
+                                Some(Settling::new(limiter.clone(), c, later.head))
+                            }),
+                        _ => None,
+                    };
                 Response::from_parts(head, M::inner(body, settling))
             },
             |res| res.map(M::limiter),

@@ -600,13 +600,16 @@ impl Limiter {
             );
             self.settle_charge(charged, owed);
         }
-        headers::apply(
-            self.headers,
-            &charged.policy,
-            &charged.decision,
-            charged.now_ms,
-            headers,
-        );
+        // An admitted request's headers are the style's alone.
+        if self.headers != HeaderStyle::None {
+            headers::apply(
+                self.headers,
+                &charged.policy,
+                &charged.decision,
+                charged.now_ms,
+                headers,
+            );
+        }
         later.then_some(Deferred { head })
     }
 

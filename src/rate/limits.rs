@@ -120,6 +120,7 @@ impl Table {
     }
 
     /// The policy a request with `key` gets from the runtime limits, if any.
+    #[inline]
     pub(crate) fn policy(&self, key: &Key) -> Option<Policy> {
         if !self.active.load(Ordering::Acquire) {
             return None;
@@ -139,6 +140,7 @@ impl Table {
 
     /// The candidate policy a request with `key` is also charged against
     /// in shadow, if any: keys with an override have none.
+    #[inline]
     pub(crate) fn shadow(&self, key: &Key) -> Option<Policy> {
         if !self.shadowing.load(Ordering::Acquire) {
             return None;

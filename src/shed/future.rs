@@ -50,7 +50,7 @@ where
         // On an error the admission is dropped with the future: the request is over.
         self.project().serve.poll_served(
             cx,
-            |res, admission| res.map(|body| GuardedBody::inner(body, Some(admission))),
+            |res, admission| res.map(|body| GuardedBody::inner(body, admission.take())),
             |res| res.map(GuardedBody::answer),
         )
     }

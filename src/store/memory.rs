@@ -121,7 +121,8 @@ impl Entry {
         // Where each quota's slot is, and what it writes if all admit.
         let mut next = SmallVec::<[(Option<usize>, Next); 2]>::new();
         for q in quotas {
-            let at = self.slots.iter().position(|s| s.id == slot_of(q));
+            let id = slot_of(q);
+            let at = self.slots.iter().position(|s| s.id == id);
             let state = at.map(|i| &mut self.slots[i].state);
             let (status, n) = algorithm::charge(q, state, now, algorithm::ask(q, cost, units));
             // Rebuilt field by field, not moved whole: a move also copies the
