@@ -32,17 +32,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The path of the memory bench binary cargo builds in directory $1.
-bench_binary() {
-  (cd "$1" && cargo bench --quiet --bench memory --no-run --message-format=json 2>/dev/null) |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "memory" and m.get("executable"):
-        print(m["executable"])'
-}
-
 git worktree add --quiet --detach "$BASE_TREE" "$BASE_REV"
 echo "criterion_compare.sh: building $BASE_REV and the working tree" >&2
 base=$(bench_binary "$BASE_TREE")

@@ -103,3 +103,14 @@ wait_for_redis() { # port log
   cat "$2" >&2
   return 1
 }
+
+# The path of the memory bench binary cargo builds in directory $1.
+bench_binary() {
+  (cd "$1" && cargo bench --quiet --bench memory --no-run --message-format=json 2>/dev/null) |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "memory" and m.get("executable"):
+        print(m["executable"])'
+}
