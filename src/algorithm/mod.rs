@@ -74,11 +74,15 @@ pub(crate) enum State {
     SlidingLog(sliding_log::Log),
 }
 
-/// What an admitted charge writes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What an admitted charge writes: a constant-size algorithm's new state,
+/// or an entry for a sliding log. Unlike [`State`] it owns no log, so a
+/// policy's pending writes are plain values with nothing to drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Next {
-    /// Store this state (every constant-size algorithm).
-    Set(State),
+    FixedWindow(fixed_window::State),
+    TokenBucket(token_bucket::State),
+    SlidingWindow(sliding_window::State),
+    Gcra(gcra::State),
     /// Log the cost at `now` (sliding log).
     Record,
 }
@@ -107,21 +111,21 @@ pub(crate) fn charge(
         Algorithm::FixedWindow => {
             let (st, s) =
                 fixed_window::charge(state_as!(state, FixedWindow), limit, window, now, cost);
-            (st, Next::Set(State::FixedWindow(s)))
+            (st, Next::FixedWindow(s))
         }
         Algorithm::TokenBucket => {
             let (st, s) =
                 token_bucket::charge(state_as!(state, TokenBucket), &quota.rate(), now, cost);
-            (st, Next::Set(State::TokenBucket(s)))
+            (st, Next::TokenBucket(s))
         }
         Algorithm::SlidingWindow => {
             let (st, s) =
                 sliding_window::charge(state_as!(state, SlidingWindow), limit, window, now, cost);
-            (st, Next::Set(State::SlidingWindow(s)))
+            (st, Next::SlidingWindow(s))
         }
         Algorithm::Gcra => {
             let (st, s) = gcra::charge(state_as!(state, Gcra), &quota.rate(), now, cost);
-            (st, Next::Set(State::Gcra(s)))
+            (st, Next::Gcra(s))
         }
         Algorithm::SlidingLog => {
             let empty = sliding_log::Log::default();
@@ -180,21 +184,25 @@ impl Next {
     /// Writes an admitted charge into `state`, or returns the state to create.
     #[inline]
     pub(crate) fn apply(self, state: Option<&mut State>, now: u64, cost: u64) -> Option<State> {
-        match (self, state) {
-            (Next::Set(new), Some(s)) => {
+        let new = match self {
+            Next::FixedWindow(s) => State::FixedWindow(s),
+            Next::TokenBucket(s) => State::TokenBucket(s),
+            Next::SlidingWindow(s) => State::SlidingWindow(s),
+            Next::Gcra(s) => State::Gcra(s),
+            Next::Record => match state {
+                Some(State::SlidingLog(log)) => {
+                    log.record(now, cost);
+                    return None;
+                }
+                _ => State::SlidingLog(new_log(now, cost)),
+            },
+        };
+        match state {
+            Some(s) => {
                 *s = new;
                 None
             }
-            (Next::Set(new), None) => Some(new),
-            (Next::Record, Some(State::SlidingLog(log))) => {
-                log.record(now, cost);
-                None
-            }
-            (Next::Record, Some(s)) => {
-                *s = State::SlidingLog(new_log(now, cost));
-                None
-            }
-            (Next::Record, None) => Some(State::SlidingLog(new_log(now, cost))),
+            None => Some(new),
         }
     }
 }

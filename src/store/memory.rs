@@ -69,23 +69,27 @@ struct Share {
 impl Share {
     const NONE: Share = Share { used: 0, limit: 1 };
 
+    fn of(status: &QuotaStatus) -> Share {
+        Share {
+            used: status.used(),
+            limit: status.limit.max(1),
+        }
+    }
+
+    /// The larger of the two shares.
+    fn max(self, other: Share) -> Share {
+        if u128::from(other.used) * u128::from(self.limit)
+            > u128::from(self.used) * u128::from(other.limit)
+        {
+            other
+        } else {
+            self
+        }
+    }
+
     /// The largest share among `statuses`.
     fn most(statuses: &[QuotaStatus]) -> Share {
-        statuses
-            .iter()
-            .map(|s| Share {
-                used: s.used(),
-                limit: s.limit.max(1),
-            })
-            .fold(Share::NONE, |a, b| {
-                if u128::from(b.used) * u128::from(a.limit)
-                    > u128::from(a.used) * u128::from(b.limit)
-                {
-                    b
-                } else {
-                    a
-                }
-            })
+        statuses.iter().map(Share::of).fold(Share::NONE, Share::max)
     }
 
     fn fraction(self) -> f64 {
@@ -118,36 +122,70 @@ impl Entry {
         (cost, units): (u64, u64),
         decision: &mut Decision,
     ) {
-        // Where each quota's slot is, and what it writes if all admit.
-        let mut next = SmallVec::<[(Option<usize>, Next); 2]>::new();
-        for q in quotas {
-            let id = slot_of(q);
-            let at = self.slots.iter().position(|s| s.id == id);
-            let state = at.map(|i| &mut self.slots[i].state);
-            let (status, n) = algorithm::charge(q, state, now, algorithm::ask(q, cost, units));
-            // Rebuilt field by field, not moved whole: a move also copies the
-            // padding after `allowed`, whose one-byte store the wide load of
-            // the copy then waits on (a store-forwarding stall, a seventh
-            // of a hot-key charge in `benches/memory.rs`).
-            decision.push(QuotaStatus {
-                allowed: status.allowed,
-                ..status
-            });
-            next.push((at, n));
-        }
-        let ask = |i: usize| {
-            let a = algorithm::ask(&quotas[i], cost, units);
+        let ask = |q: &Quota| algorithm::ask(q, cost, units);
+        let asks = |i: usize| {
+            let a = ask(&quotas[i]);
             (a.fit, a.charge)
         };
-        decision.decide_each(ask);
+        if let [q] = quotas {
+            // One quota, the common case: its write needs no keeping, which
+            // spares a tenth of a hot-key charge (`benches/memory.rs`).
+            let a = ask(q);
+            let (at, next, used) = self.evaluate(q, now, a, decision);
+            decision.decide_each(|_| (a.fit, a.charge));
+            if decision.is_allowed() {
+                self.commit(at, q, next, now, a.charge);
+                self.admitted(used, now);
+            }
+            return;
+        }
+        // Where each quota's slot is, and what it writes if all admit.
+        let mut pending = SmallVec::<[(Option<usize>, Next); 2]>::new();
+        let mut used = Share::NONE;
+        for q in quotas {
+            let (at, next, share) = self.evaluate(q, now, ask(q), decision);
+            used = used.max(share);
+            pending.push((at, next));
+        }
+        decision.decide_each(asks);
         if decision.is_allowed() {
-            for (i, (q, (at, n))) in quotas.iter().zip(next.drain(..)).enumerate() {
-                self.commit(at, q, n, now, ask(i).1);
+            for (q, &(at, next)) in quotas.iter().zip(&pending) {
+                self.commit(at, q, next, now, ask(q).charge);
             }
-            self.used = Share::most(decision.statuses());
-            if self.slots.iter().any(|s| s.expires_at <= now) {
-                self.slots.retain(|s| s.expires_at > now);
-            }
+            self.admitted(used, now);
+        }
+    }
+
+    /// Evaluates quota `q` for `ask`, pushing its status: where its slot is,
+    /// what it writes if every quota admits, and the share it has used.
+    fn evaluate(
+        &mut self,
+        q: &Quota,
+        now: u64,
+        ask: algorithm::Ask,
+        decision: &mut Decision,
+    ) -> (Option<usize>, Next, Share) {
+        let id = slot_of(q);
+        let at = self.slots.iter().position(|s| s.id == id);
+        let state = at.map(|i| &mut self.slots[i].state);
+        let (status, next) = algorithm::charge(q, state, now, ask);
+        let used = Share::of(&status);
+        // Rebuilt field by field, not moved whole: a move also copies the
+        // padding after `allowed`, whose one-byte store the wide load of
+        // the copy then waits on (a store-forwarding stall, a seventh of a
+        // hot-key charge in `benches/memory.rs`).
+        decision.push(QuotaStatus {
+            allowed: status.allowed,
+            ..status
+        });
+        (at, next, used)
+    }
+
+    /// After an admitted charge: the share used, and no expired slot kept.
+    fn admitted(&mut self, used: Share, now: u64) {
+        self.used = used;
+        if self.slots.iter().any(|s| s.expires_at <= now) {
+            self.slots.retain(|s| s.expires_at > now);
         }
     }
 
@@ -188,13 +226,18 @@ impl bounded::Entry for Entry {
 }
 
 /// A quota's slot within a key: its window and algorithm (as `Quota::slot`).
+#[inline]
 fn slot_of(q: &Quota) -> u64 {
-    let requests = (q.window_ms() << 3) | q.algorithm().index();
     if q.counts_requests() {
-        return requests;
+        (q.window_ms() << 3) | q.algorithm().index()
+    } else {
+        slot_of_units(q)
     }
-    // Another unit: a hash of the whole identity, in the other half of the
-    // numbers (a window is below 2^35 ms).
+}
+
+/// The slot of a quota in another unit: a hash of its whole identity, in
+/// the other half of the numbers (a window is below 2^35 ms).
+fn slot_of_units(q: &Quota) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     q.slot().hash(&mut h);
