@@ -13,10 +13,9 @@
 //!   inner service: no limiter, this crate's layer (memory store, with and
 //!   without headers), and `tower_governor`'s layer.
 //! - `layer/5000 per s`: the layer with a quota of a common size, whose
-//!   limit, remaining and used counts are all below 10,000 (the header values
-//!   then come from a static table); a manual clock moves 1 ms per request so
-//!   every request is admitted (the clock read is an atomic load here, not
-//!   the system clock).
+//!   counts are all below 10,000 and whose reset changes once a second; a
+//!   manual clock moves 1 ms per request so every request is admitted (the
+//!   clock read is an atomic load here, not the system clock).
 //!
 //! Every quota is large enough that every decision admits: the steady-state
 //! cost of an allowed request is what the performance targets are about.

@@ -49,6 +49,7 @@ use crate::decision::Decision;
 use crate::quota::{Policy, Quota};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use sfv::{key_ref, string_ref, Integer, ItemSerializer, ListSerializer, StringRef};
+use std::cell::RefCell;
 
 /// `X-RateLimit-Limit`: the binding quota's limit.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -205,9 +206,9 @@ pub(crate) fn github(
     headers.insert(&X_RATELIMIT_LIMIT, limit);
     match reset_and_used {
         Some((reset, used)) => {
-            let [remaining, reset, used] = integers([remaining, reset, used]);
+            let [remaining, used] = integers([remaining, used]);
             headers.insert(&X_RATELIMIT_REMAINING, remaining);
-            headers.insert(&X_RATELIMIT_RESET, reset);
+            headers.insert(&X_RATELIMIT_RESET, reset_value(reset));
             headers.insert(&X_RATELIMIT_USED, used);
         }
         None => {
@@ -216,6 +217,27 @@ pub(crate) fn github(
             headers.remove(&X_RATELIMIT_USED);
         }
     }
+}
+
+/// The `X-RateLimit-Reset` value of `secs` (a Unix time). Every response
+/// of a fixed window, and of one second for the other algorithms, carries
+/// the same reset, so each thread keeps the last value it made: a clone of
+/// it costs no allocation, where a new value costs as much as the other
+/// headers together (`benches/memory.rs`, `layer/5000 per s`). A thread's
+/// own copy, so that threads never contend for it.
+fn reset_value(secs: u64) -> HeaderValue {
+    thread_local! {
+        static LAST: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+    }
+    let made = || HeaderValue::from(secs);
+    LAST.try_with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some((at, value)) if *at == secs => value.clone(),
+            _ => last.insert((secs, made())).1.clone(),
+        }
+    })
+    .unwrap_or_else(|_| made())
 }
 
 /// Up to three numbers' digits, in one buffer.
@@ -231,7 +253,7 @@ impl AsRef<[u8]> for Digits {
 }
 
 /// Header values of up to three numbers, sharing one allocation: the
-/// GitHub headers of a response write three, and an allocation each cost
+/// GitHub headers of a response write several, and an allocation each cost
 /// more than the rest of the headers together.
 fn integers<const N: usize>(numbers: [u64; N]) -> [HeaderValue; N] {
     const { assert!(N <= 3, "a u64 has at most 20 digits") };
@@ -459,6 +481,21 @@ mod tests {
             .parse::<sfv::List>()
             .unwrap();
         assert_eq!(parsed.len(), 1);
+    }
+
+    #[test]
+    fn a_repeated_reset_shares_its_value_and_a_new_one_is_written_anew() {
+        let first = reset_value(1_764_000_000);
+        let again = reset_value(1_764_000_000);
+        assert_eq!(again, "1764000000");
+        assert_eq!(
+            first.as_bytes().as_ptr(),
+            again.as_bytes().as_ptr(),
+            "the same allocation"
+        );
+        let next = reset_value(1_764_000_001);
+        assert_eq!(next, "1764000001");
+        assert_eq!(reset_value(1_764_000_000), "1764000000");
     }
 
     #[test]
