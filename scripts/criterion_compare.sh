@@ -25,26 +25,17 @@ SECS=${SECS:-2}
 BASE_REV=$(revision "${BASE_REV:-}")
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 WORK=$(mktemp -d)
-BASE_TREE="$WORK/base"
-cleanup() {
-  git worktree remove --force "$BASE_TREE" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-git worktree add --quiet --detach "$BASE_TREE" "$BASE_REV"
-echo "criterion_compare.sh: building $BASE_REV and the working tree" >&2
-base=$(bench_binary "$BASE_TREE")
-cp "$base" "$WORK/memory-base"
-head=$(bench_binary .)
+# The worktree is gone unless the script stopped while building it.
+trap 'git worktree remove --force "$WORK/base" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+bench_pair "$BASE_REV" "$WORK"
 
 run() { # binary round
   "$1" --bench --warm-up-time 1 --measurement-time "$SECS" "$FILTER" 2>/dev/null >"$WORK/$2"
 }
 for r in $(seq "$ROUNDS"); do
   echo "criterion_compare.sh: round $r of $ROUNDS" >&2
-  run "$WORK/memory-base" "base.$r"
-  run "$head" "head.$r"
+  run "$BENCH_BASE" "base.$r"
+  run "$BENCH_HEAD" "head.$r"
 done
 
 python3 - "$WORK" "$ROUNDS" "$BASE_REV" <<'EOF'

@@ -21,18 +21,9 @@ install_missing valgrind valgrind
 BASE_REV=$(revision "${BASE_REV:-}")
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 WORK=$(mktemp -d)
-BASE_TREE="$WORK/base"
-cleanup() {
-  git worktree remove --force "$BASE_TREE" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-git worktree add --quiet --detach "$BASE_TREE" "$BASE_REV"
-echo "criterion_instructions.sh: building $BASE_REV and the working tree" >&2
-base=$(bench_binary "$BASE_TREE")
-cp "$base" "$WORK/memory-base"
-head=$(bench_binary .)
+# The worktree is gone unless the script stopped while building it.
+trap 'git worktree remove --force "$WORK/base" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+bench_pair "$BASE_REV" "$WORK"
 
 STORE='<tower_ratelimit::store::memory::MemoryStore as tower_ratelimit::store::Store>::charge'
 LAYER='memory::one_request'
@@ -67,8 +58,8 @@ for row in \
   "layer/5000 per s/tower-ratelimit/memory, no headers|$LAYER"; do
   bench=${row%%|*}
   function=${row#*|}
-  there=$(per_call "$WORK/memory-base" "$bench" "$function")
-  here=$(per_call "$head" "$bench" "$function")
+  there=$(per_call "$BENCH_BASE" "$bench" "$function")
+  here=$(per_call "$BENCH_HEAD" "$bench" "$function")
   change=$(awk -v a="$there" -v b="$here" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%+.1f%%", (b - a) * 100 / a; else print "-" }')
   printf '| %s | %s | %s | %s |\n' "$bench" "$there" "$here" "$change"
 done

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared by scripts/test.sh, scripts/bench.sh, scripts/script_cost.sh,
-# scripts/layer_cost.sh and scripts/server_cost.sh (sourced, not run).
+# scripts/layer_cost.sh, scripts/server_cost.sh, scripts/criterion_compare.sh
+# and scripts/criterion_instructions.sh (sourced, not run).
 
 # A 127.0.0.1 TCP port nothing listens on (never Redis's default 6379).
 free_port() {
@@ -113,4 +114,19 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "memory" and m.get("executable"):
         print(m["executable"])'
+}
+
+# The memory bench built at revision $1 (in a git worktree under directory
+# $2, removed again) and in the working tree: sets BENCH_BASE (a copy of the
+# revision's binary, in $2) and BENCH_HEAD.
+bench_pair() { # revision dir
+  local tree="$2/base" base rc=0
+  git worktree add --quiet --detach "$tree" "$1"
+  echo "$(basename "$0"): building $1 and the working tree" >&2
+  base=$(bench_binary "$tree") || rc=$?
+  if [ "$rc" -eq 0 ]; then cp "$base" "$2/memory-base" || rc=$?; fi
+  git worktree remove --force "$tree"
+  [ "$rc" -eq 0 ] || return "$rc"
+  BENCH_BASE="$2/memory-base"
+  BENCH_HEAD=$(bench_binary .)
 }
