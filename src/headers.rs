@@ -254,8 +254,8 @@ impl AsRef<[u8]> for Digits {
 }
 
 /// Header values of up to three numbers, sharing one allocation: the
-/// GitHub headers of a response write several, and an allocation each cost
-/// more than the rest of the headers together.
+/// GitHub headers of a response write several, and each allocation (with
+/// its free) costs about as much as inserting a header.
 fn integers<const N: usize>(numbers: [u64; N]) -> [HeaderValue; N] {
     const { assert!(N <= 3, "a u64 has at most 20 digits") };
     let mut digits = Digits {

@@ -123,10 +123,6 @@ impl Entry {
         decision: &mut Decision,
     ) {
         let ask = |q: &Quota| algorithm::ask(q, cost, units);
-        let asks = |i: usize| {
-            let a = ask(&quotas[i]);
-            (a.fit, a.charge)
-        };
         if let [q] = quotas {
             // One quota, the common case: its write needs no keeping, which
             // spares a tenth of a hot-key charge (`benches/memory.rs`).
@@ -139,18 +135,23 @@ impl Entry {
             }
             return;
         }
-        // Where each quota's slot is, and what it writes if all admit.
-        let mut pending = SmallVec::<[(Option<usize>, Next); 2]>::new();
+        // Where each quota's slot is, what it writes if all admit, and what
+        // it is charged.
+        let mut pending = SmallVec::<[(Option<usize>, Next, u64); 2]>::new();
         let mut used = Share::NONE;
         for q in quotas {
-            let (at, next, share) = self.evaluate(q, now, ask(q), decision);
+            let a = ask(q);
+            let (at, next, share) = self.evaluate(q, now, a, decision);
             used = used.max(share);
-            pending.push((at, next));
+            pending.push((at, next, a.charge));
         }
-        decision.decide_each(asks);
+        decision.decide_each(|i| {
+            let a = ask(&quotas[i]);
+            (a.fit, a.charge)
+        });
         if decision.is_allowed() {
-            for (q, &(at, next)) in quotas.iter().zip(&pending) {
-                self.commit(at, q, next, now, ask(q).charge);
+            for (q, &(at, next, charge)) in quotas.iter().zip(&pending) {
+                self.commit(at, q, next, now, charge);
             }
             self.admitted(used, now);
         }
