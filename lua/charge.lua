@@ -21,15 +21,18 @@
 --
 -- Per request: reads every quota's fields with one HMGET, decides, and only
 -- if every quota admits the cost writes the fields that changed with one
--- HSET (and the logs), then sets PEXPIREAT one second after the latest
--- expiry when it may have moved (a fixed window's expiry is set by the charge
--- that opens it). A rejection writes nothing. A policy of one quota of any
+-- HSET (and the logs), then sets the key's TTL (PEXPIRE) to one second
+-- after the latest expiry when it may have moved (a fixed window's expiry is
+-- set by the charge that opens it). Every TTL is relative to the `now` the
+-- script was given, never an absolute time judged by Redis's clock: an
+-- application clock behind Redis's would otherwise set an expiry already
+-- past, and the state would be deleted by the script that writes it. A rejection writes nothing. A policy of one quota of any
 -- algorithm but the sliding log does the same through its algorithm's
 -- `step`, with no intermediate tables (the common case, and about 20-30%
 -- less Redis CPU; scripts/script_cost.sh counts it), adding a count that
 -- alone changed with HINCRBY. Requests in a
 -- row for one key and policy without logs (the application marks them) are
--- one run: one HMGET, one HSET and at most one PEXPIREAT for all of them
+-- one run: one HMGET, one HSET and at most one PEXPIRE for all of them
 -- (charge_run; 43-58% less Redis CPU per decision for a hot key).
 --
 -- Returns, per request in order, k and then k numbers {allowed (1/0), now,
@@ -70,8 +73,8 @@ local function decide(quotas, vals, now, cost, units, out)
 end
 
 -- The fields and values an admitted charge changes (each quota its
--- q.charge, set by decide), as HSET takes them, and the key's new expiry if
--- it may have moved (else nil).
+-- q.charge, set by decide), as HSET takes them, and the key's new TTL (ms
+-- from `now`) if its expiry may have moved (else nil).
 local function writes(quotas, now)
   local set = {}
   local latest, moved = 0, false
@@ -81,24 +84,24 @@ local function writes(quotas, now)
     if e > latest then latest = e end
     moved = moved or m
   end
-  return set, moved and math.max(latest, now) + 1000 or nil
+  return set, moved and math.max(latest - now, 0) + 1000 or nil
 end
 
 -- Charges one request: reads its fields with one HMGET, decides, and if
--- admitted writes what changed with one HSET (and PEXPIREAT if it moved).
+-- admitted writes what changed with one HSET (and PEXPIRE if it moved).
 local function charge_one(hash, quotas, fields, now, cost, units, out)
   local vals = redis.call('HMGET', hash, unpack(fields))
   if decide(quotas, vals, now, cost, units, out) then
-    local set, expire = writes(quotas, now)
+    local set, ttl = writes(quotas, now)
     redis.call('HSET', hash, unpack(set))
-    if expire then redis.call('PEXPIREAT', hash, expire) end
+    if ttl then redis.call('PEXPIRE', hash, ttl) end
   end
 end
 
 -- A run of requests in a row for one key under one policy without logs (a
 -- hot client, a global limit; the application marks them, policy 0): one HMGET, then each request decided on the
 -- fields as the requests before it in the run left them, then one HSET of
--- the fields that changed and the PEXPIREAT the last one to move the expiry
+-- the fields that changed and the PEXPIRE the last one to move the expiry
 -- set. The same replies and the same final state as charging them one by
 -- one (numbers are integers below 2^53, stored and read back exactly), with
 -- three Redis calls for the run instead of two or three per request. If the
@@ -115,7 +118,7 @@ local function charge_run(hash, pol, first, last, args, out)
   end
   -- Fields written by the generic path; with a step, every field once any
   -- request was admitted (the unchanged ones as they were read).
-  local changed, stepped, expire = {}, false, nil
+  local changed, stepped, ttl = {}, false, nil
   local now_arg, now, cost_arg, cost
   for i = first, last do
     -- Times and costs parsed only when they change (see run() below).
@@ -129,7 +132,7 @@ local function charge_run(hash, pol, first, last, args, out)
       local admitted, e = step(quotas[1], vals, now, cost, out)
       if admitted then
         stepped = true
-        if e then expire = e end
+        if e then ttl = e - now end
       end
     elseif decide(quotas, vals, now, cost, units, out) then
       local set, e = writes(quotas, now)
@@ -138,7 +141,7 @@ local function charge_run(hash, pol, first, last, args, out)
         vals[pos] = set[f + 1]
         changed[pos] = true
       end
-      if e then expire = e end
+      if e then ttl = e end
     end
   end
   local set = {}
@@ -149,7 +152,7 @@ local function charge_run(hash, pol, first, last, args, out)
     end
   end
   if #set > 0 then redis.call('HSET', hash, unpack(set)) end
-  if expire then redis.call('PEXPIREAT', hash, expire) end
+  if ttl then redis.call('PEXPIRE', hash, ttl) end
 end
 
 local policies = {}
@@ -221,7 +224,7 @@ local function run()
           else
             redis.call('HSET', hash, f1, v[1], f2, v[2])
           end
-          redis.call('PEXPIREAT', hash, expire)
+          redis.call('PEXPIRE', hash, expire - now)
         elseif admitted then
           -- Only the count changed: added as sent, without turning a Lua
           -- number back into a string (snprintf).

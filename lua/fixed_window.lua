@@ -9,7 +9,7 @@
 --   write(q, st, cost, now, set) appends the changed fields and values of an
 --                                admitted charge to `set`; returns the state's
 --                                expiry and whether it may have moved (else
---                                the key's PEXPIREAT is already right)
+--                                the key's TTL is already right)
 --   refund(q, v, id, now, cost, set)
 --   debit(q, v, now, extra, set) -> expiry or nil
 --                                charges `extra` more to the state charged

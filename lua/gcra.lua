@@ -89,7 +89,7 @@ end
 -- Debt: the TAT `extra` units later (an absent TAT is a full bucket). The
 -- caller checked the charge's window (src/algorithm/mod.rs).
 function gcra.debit(q, v, now, extra, set)
-  return gcra_set(q, now, add_capped(gcra.read(q, v, now).d, extra * q.a), set)
+  return gcra_set(q, now, rate_after(q, gcra.read(q, v, now).d, extra), set)
 end
 
 algorithms.gc = gcra

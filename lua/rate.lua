@@ -12,6 +12,13 @@ local function ceil_div(x, y)
   return (x - r) / y + (r > 0 and 1 or 0)
 end
 
+-- The backlog after charging `cost` more to `d`: past the capacity (debt)
+-- only up to one full bucket below empty, so a settlement's debt is bounded
+-- (twin of Rate::after in src/algorithm/rate.rs).
+local function rate_after(q, d, cost)
+  return math.min(d + cost * q.a, math.max(d, 2 * q.c))
+end
+
 -- Whether `cost` fits a backlog of `d` fine units (a cost above the burst
 -- never does: cost * unit > capacity).
 local function rate_fits(q, d, cost)

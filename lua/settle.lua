@@ -12,7 +12,10 @@
 -- above it, its debit charges the excess to the same window or bucket
 -- (see src/algorithm/mod.rs). Nothing ever reaches a newer window. A refund
 -- only ever brings expiry earlier, so the TTL stays; a debit that moves a
--- state's expiry later extends the key's.
+-- state's expiry later extends the key's. TTLs are relative to `now`, as in
+-- lua/charge.lua, and a hash that has none after the write (it was evicted
+-- and a debt made it anew) gets its policy's longest life: every key keeps
+-- a TTL.
 --
 -- Returns the number of hash fields written.
 local now = read_now(ARGV[1])
@@ -21,6 +24,9 @@ bind_logs(quotas, 2)
 local vals = redis.call('HMGET', KEYS[1], unpack(quota_fields(quotas)))
 local set = {}
 local latest = nil
+-- The longest a state of the policy lives (ms): a bucket with a full
+-- bucket of debt, or two windows.
+local life = 0
 for _, q in ipairs(quotas) do
   if q.actual < q.reserved then
     q.alg.refund(q, vals, q.id, now, q.reserved - q.actual, set)
@@ -28,14 +34,16 @@ for _, q in ipairs(quotas) do
     local e = q.alg.debit(q, vals, now, q.actual - q.reserved, set)
     if e ~= nil and (latest == nil or e > latest) then latest = e end
   end
+  life = math.max(life, q.c > 0 and ceil_div(2 * q.c, q.b) or 2 * q.b)
 end
 if #set > 0 then
   redis.call('HSET', KEYS[1], unpack(set))
-  if latest ~= nil then
-    local ttl = redis.call('PTTL', KEYS[1])
-    if ttl < 0 or redis_now() + ttl < latest + 1000 then
-      redis.call('PEXPIREAT', KEYS[1], latest + 1000)
-    end
+  local ttl = redis.call('PTTL', KEYS[1])
+  local want = latest ~= nil and math.max(latest - now, 0) + 1000 or nil
+  if ttl < 0 then
+    redis.call('PEXPIRE', KEYS[1], want or life + 1000)
+  elseif want ~= nil and ttl < want then
+    redis.call('PEXPIRE', KEYS[1], want)
   end
 end
 return #set / 2

@@ -90,7 +90,8 @@ function sliding_log.write(q, st, cost, now, set)
     if newest == nil or now > newest then newest = now end
   end
   if newest == nil then return 0, true end
-  redis.call('PEXPIREAT', q.key, newest + q.b + 1000)
+  -- Relative to `now` (never an absolute time Redis judges by its own clock).
+  redis.call('PEXPIRE', q.key, newest + q.b + 1000 - now)
   return newest + q.b, true
 end
 
@@ -109,7 +110,10 @@ function sliding_log.refund(q, v, id, now, cost, set)
     redis.call('ZADD', q.key, id, entry(id, c - give))
   end
   redis.call('ZREM', q.key, found[1])
-  push(set, q.f.n, math.max((tonumber(v[q.first]) or 0) - give, 0))
+  -- A total that is gone (the hash was evicted) is not written back: that
+  -- would make a hash with no TTL.
+  local total = tonumber(v[q.first])
+  if total ~= nil then push(set, q.f.n, math.max(total - give, 0)) end
 end
 
 -- Debt: `extra` more on the entry logged at `id`, while it is within the
@@ -124,7 +128,7 @@ function sliding_log.debit(q, v, now, extra, set)
   redis.call('ZADD', q.key, q.id, entry(q.id, c + extra))
   if #found > 0 then redis.call('ZREM', q.key, found[1]) end
   if redis.call('PTTL', q.key) < 0 then
-    redis.call('PEXPIREAT', q.key, q.id + q.b + 1000)
+    redis.call('PEXPIRE', q.key, q.id + q.b + 1000 - now)
   end
   push(set, q.f.n, total + extra)
   return q.id + q.b

@@ -84,7 +84,7 @@ end
 -- full one). The caller checked the charge's window (src/algorithm/mod.rs).
 function token_bucket.debit(q, v, now, extra, set)
   local st = token_bucket.read(q, v, now)
-  local after = add_capped(st.d, extra * q.a)
+  local after = rate_after(q, st.d, extra)
   push(set, q.f.l, q.c - after, q.f.t, st.at)
   return st.at + ceil_div(after, q.b)
 end

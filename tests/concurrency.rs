@@ -490,7 +490,8 @@ fn acquire<'a>(
 }
 
 #[tokio::test]
-async fn a_slot_counts_until_its_lease_ends_and_a_release_that_overtakes_its_acquire_wins() {
+async fn a_slot_counts_while_its_lease_lasts_by_redis_s_clock_and_a_release_that_overtakes_its_acquire_wins(
+) {
     if !require_redis() {
         return;
     }
@@ -498,29 +499,44 @@ async fn a_slot_counts_until_its_lease_ends_and_a_release_that_overtakes_its_acq
     let store = RedisStore::new(redis.url()).unwrap();
     let (ns, k) = (Namespace::new(NAME), Key::new("k"));
     let key = store.slots_key(&ns, &k);
-    let t0 = SystemClock.now_ms();
+    // The caller's clock is an hour off: leases are Redis's to time.
+    let t0 = SystemClock.now_ms() + 3_600_000;
 
     let first = SlotId::next();
+    let before = redis.time_ms();
     let o = store
         .acquire(&acquire(first, &k, &ns, t0, 1_000))
         .await
         .unwrap();
+    let after = redis.time_ms();
     assert!(o.acquired && o.in_flight == 1);
+    let score: u64 = redis
+        .cmd(&["ZSCORE", &key, &first.to_string()])
+        .as_string()
+        .parse()
+        .unwrap();
+    assert!(
+        (before + 1_000..=after + 1_000).contains(&score),
+        "leased until Redis TIME + 1 s: {score} not in {before}..={after} + 1000"
+    );
     let pttl = redis.cmd(&["PTTL", &key]).as_int();
     assert!(
         pttl > 0 && pttl <= 2_000,
         "the key expires with its lease: {pttl}"
     );
-    // Never released (as if its instance died): it counts until its lease ends…
+    // Never released (as if its instance died): it counts while its lease
+    // lasts, whatever the caller's clock says…
     let o = store
-        .acquire(&acquire(SlotId::next(), &k, &ns, t0 + 999, 1_000))
+        .acquire(&acquire(SlotId::next(), &k, &ns, t0 + 3_600_000, 1_000))
         .await
         .unwrap();
     assert!(!o.acquired && o.in_flight == 1);
-    // …and not a millisecond longer.
+    // …and not once it has ended by Redis's clock (the lease moved a whole
+    // lease earlier: Redis's clock a lease later, for these slots).
+    redis.shift_scores(&key, -1_000);
     let second = SlotId::next();
     let o = store
-        .acquire(&acquire(second, &k, &ns, t0 + 1_000, 1_000))
+        .acquire(&acquire(second, &k, &ns, t0, 1_000))
         .await
         .unwrap();
     assert!(
@@ -729,7 +745,7 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
     let key = slots_key(&redis, "k");
     let c = HttpClient::new();
     // Two slow requests take both slots; the third is turned away.
-    let sent_at = SystemClock.now_ms();
+    let sent_at = redis.time_ms();
     let mut slow = Vec::new();
     for _ in 0..2 {
         let (c, u) = (c.clone(), demo.url("/slow/600000"));
@@ -763,9 +779,10 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
         2,
         "the dead instance's slots are still counted"
     );
-    // Each slot expires one lease after it was taken, and the key one second
-    // after the last lease: nothing outlives it even if no one ever comes back.
-    let killed_at = SystemClock.now_ms();
+    // Each slot expires one lease after it was taken, by Redis's clock, and
+    // the key one second after the last lease: nothing outlives it even if
+    // no one ever comes back.
+    let killed_at = redis.time_ms();
     for s in &scores {
         assert!(
             (sent_at + lease_ms..=killed_at + lease_ms).contains(s),
@@ -773,10 +790,15 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
         );
     }
     let expire_at = redis.cmd(&["PEXPIRETIME", &key]).as_int() as u64;
-    assert_eq!(expire_at, scores.iter().max().unwrap() + 1_000);
+    let last = scores.iter().max().unwrap() + 1_000;
+    assert!(
+        (last..=last + 2).contains(&expire_at),
+        "the key expires at {expire_at}, a second after the last lease ({last})"
+    );
 
-    // Another instance, with its clock moved instead of waiting for the lease.
-    let clock = ManualClock::new(scores.iter().min().unwrap() - 1);
+    // Another instance, whose clock runs an hour ahead: the slots are
+    // still held, because Redis's clock times leases.
+    let clock = ManualClock::new(SystemClock.now_ms() + 3_600_000);
     let layer = ConcurrencyLimitLayer::builder()
         .limit(2)
         .key(Header::try_new("x-client").unwrap())
@@ -794,7 +816,8 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
         StatusCode::TOO_MANY_REQUESTS,
         "still held before the lease ends"
     );
-    clock.set(*scores.iter().max().unwrap());
+    // Redis's clock a lease later, for these slots.
+    redis.shift_scores(&key, -(lease_ms as i64));
     let r = fetch(&c, &server.url("/"), "k").await;
     assert_eq!(r.status, StatusCode::OK, "free once the lease has ended");
     eventually(

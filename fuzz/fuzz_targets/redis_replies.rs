@@ -61,7 +61,7 @@ fuzz_target!(|input: Input| {
             check(&p, &d);
         }
     }
-    if let Ok(o) = fuzzing::acquire_reply(input.now, &input.numbers) {
+    if let Ok(o) = fuzzing::acquire_reply(input.now.unwrap_or(0), &input.numbers) {
         let _ = o.in_flight;
     }
 });

@@ -259,10 +259,10 @@ pub(crate) fn settled_status(
         let extra = actual - charged;
         s.remaining = s.remaining.saturating_sub(extra);
         if quota.algorithm().has_burst() {
+            // Debt is at most one full bucket (`Rate::after`).
             let r = quota.rate();
-            s.reset_ms = s
-                .reset_ms
-                .saturating_add(r.ms_to_refill(extra.saturating_mul(r.unit)));
+            let debt = extra.saturating_mul(r.unit).min(r.capacity);
+            s.reset_ms = s.reset_ms.saturating_add(r.ms_to_refill(debt));
         }
     }
     s

@@ -10,7 +10,7 @@
 //! Every value stays below 2^53, so `lua/rate.lua` computes the same numbers.
 //! ([`Rate`] itself, with its fine units, is the quota's: `crate::quota`.)
 
-use super::{add_capped, Ask};
+use super::Ask;
 use crate::decision::QuotaStatus;
 use crate::quota::Rate;
 use std::num::NonZeroU64;
@@ -27,9 +27,17 @@ impl Rate {
     }
 
     /// The backlog after charging `cost` more to `d`: it may pass the
-    /// capacity (debt, refilled from below zero), but never 2^53.
+    /// capacity (debt, refilled from below zero), but by at most one full
+    /// bucket, so a settlement's debt delays the next admission by at most
+    /// two bucket refills ([`Rate::max_backlog`]).
     pub(crate) fn after(&self, d: u64, cost: u64) -> u64 {
-        add_capped(d, cost.saturating_mul(self.unit))
+        d.saturating_add(cost.saturating_mul(self.unit))
+            .min(self.max_backlog().max(d))
+    }
+
+    /// The most a backlog holds: empty, and one full bucket of debt.
+    pub(crate) fn max_backlog(&self) -> u64 {
+        self.capacity.saturating_mul(2)
     }
 
     /// The status at `now` for a backlog `d` read from the store, deciding

@@ -1054,6 +1054,49 @@ impl RedisServer {
         missing
     }
 
+    /// Every key (matching `*`) with its `PTTL` in ms (-1: none), sorted by key.
+    #[track_caller]
+    pub fn ttls(&self) -> Vec<(String, i64)> {
+        let mut keys = self.scan_keys("*");
+        keys.sort();
+        let mut conn = self.conn();
+        keys.into_iter()
+            .filter_map(|key| {
+                let reply = conn
+                    .cmd(&["PTTL", key.as_str()])
+                    .unwrap_or_else(|e| panic!("PTTL failed: {e}"));
+                // -2: expired or deleted since SCAN.
+                let ttl = reply.as_int();
+                (ttl != -2).then_some((key, ttl))
+            })
+            .collect()
+    }
+
+    /// Redis's own clock (`TIME`), Unix ms.
+    #[track_caller]
+    pub fn time_ms(&self) -> u64 {
+        let t = self.cmd(&["TIME"]).as_strings();
+        let secs: u64 = t[0].parse().unwrap();
+        let micros: u64 = t[1].parse().unwrap();
+        secs * 1_000 + micros / 1_000
+    }
+
+    /// Moves every score of the sorted set `key` (concurrency leases, which
+    /// Redis's clock times) by `by_ms`: `-lease` is Redis's clock a lease
+    /// later, as far as those leases go. Redis's clock itself cannot be
+    /// moved (libfaketime does not run redis-server).
+    #[track_caller]
+    pub fn shift_scores(&self, key: &str, by_ms: i64) {
+        let members = self
+            .cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
+            .as_strings();
+        for pair in members.chunks(2) {
+            let score: i64 = pair[1].parse().unwrap();
+            self.cmd(&["ZADD", key, "XX", &(score + by_ms).to_string(), &pair[0]])
+                .as_int();
+        }
+    }
+
     /// Starts a `MONITOR` connection; see [`Monitor`].
     #[track_caller]
     pub fn monitor(&self) -> Monitor {

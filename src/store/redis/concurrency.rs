@@ -1,7 +1,7 @@
 //! Fleet-wide concurrency slots on [`RedisStore`]: one `EVALSHA` per
 //! acquire and per release (`lua/concurrency_*.lua`).
 
-use super::{invoke, keys, reply, scripts, RedisStore};
+use super::{invoke, keys, scripts, RedisStore};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Acquire, Occupancy, Release};
@@ -10,7 +10,8 @@ use deadpool_redis::redis;
 
 impl RedisStore {
     /// The Redis key holding `key`'s concurrency slots for the limiter
-    /// `namespace`: a sorted set of slot ids scored by lease expiry (Unix ms),
+    /// `namespace`: a sorted set of slot ids scored by lease expiry (Unix ms
+    /// by Redis's clock, which times every lease),
     /// e.g. `trl:concurrency:{9f86d081884c7d65…}:slots`.
     ///
     /// ```
@@ -24,14 +25,15 @@ impl RedisStore {
     }
 
     /// An `EVALSHA` of `script` on `key`'s slots and tombstones, with the
-    /// time and lease. Both keys are the rate limiter's key for the same
-    /// client with a suffix, so they share one hash slot and never collide.
+    /// caller's time (echoed back; leases are timed by Redis `TIME`) and
+    /// the lease. Both keys are the rate limiter's key for the same client
+    /// with a suffix, so they share one hash slot and never collide.
     fn slot_cmd(
         &self,
         script: &redis::Script,
         namespace: &Namespace,
         key: &Key,
-        now: Option<u64>,
+        now: u64,
         lease: std::time::Duration,
     ) -> redis::Cmd {
         let base = keys::hash_key(&self.inner.prefix, namespace, key);
@@ -44,9 +46,9 @@ impl RedisStore {
         cmd.arg(script.get_hash())
             .arg(2)
             .arg(&with(SLOTS)[..])
-            .arg(&with(RELEASED)[..]);
-        reply::time_arg(&mut cmd, now);
-        cmd.arg(lease.as_millis() as u64);
+            .arg(&with(RELEASED)[..])
+            .arg(now)
+            .arg(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
         cmd
     }
 }
@@ -55,13 +57,14 @@ impl RedisStore {
 const SLOTS: &str = ":slots";
 const RELEASED: &str = ":released";
 
-pub(super) fn decode(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError> {
+/// An acquire's reply, `{acquired, in_flight, the time sent}`.
+pub(super) fn decode(sent: u64, reply: &[i64]) -> Result<Occupancy, StoreError> {
     match *reply {
-        [acquired @ (0 | 1), in_flight, now] if in_flight >= 0 && now >= 0 => {
-            if sent_now.is_some_and(|t| t != now as u64) {
+        [acquired @ (0 | 1), in_flight, echo] if in_flight >= 0 => {
+            if u64::try_from(echo).ok() != Some(sent) {
                 // A reply to another call (a desynchronised connection) is caught, never used.
                 return Err(StoreError::Protocol(format!(
-                    "reply for time {now} does not belong to an acquire sent at {sent_now:?}"
+                    "reply for time {echo} does not belong to an acquire sent at {sent}"
                 )));
             }
             Ok(Occupancy {
@@ -81,23 +84,22 @@ impl RedisStore {
         &self,
         call: &Acquire<'_>,
     ) -> StoreFuture<Result<Occupancy, StoreError>> {
-        let sent_now = self.sent_now(call.now_ms);
+        let sent = call.now_ms;
         let script = &*scripts::CONCURRENCY_ACQUIRE;
-        let mut cmd = self.slot_cmd(script, call.namespace, call.key, sent_now, call.lease);
+        let mut cmd = self.slot_cmd(script, call.namespace, call.key, sent, call.lease);
         cmd.arg(call.limit).arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
         super::io::store_future(async move {
             let reply: Vec<i64> = invoke(&inner.primary, script, &cmd, budget).await?;
-            decode(sent_now, &reply)
+            decode(sent, &reply)
         })
     }
 
     /// [`Store::release`](crate::store::Store::release).
     pub(super) fn release_slot(&self, call: &Release<'_>) -> StoreFuture<Result<(), StoreError>> {
         let script = &*scripts::CONCURRENCY_RELEASE;
-        let now = self.sent_now(call.now_ms);
-        let mut cmd = self.slot_cmd(script, call.namespace, call.key, now, call.lease);
+        let mut cmd = self.slot_cmd(script, call.namespace, call.key, call.now_ms, call.lease);
         cmd.arg(call.id.to_string());
         let inner = self.inner.clone();
         let budget = call.timeout;
@@ -115,16 +117,17 @@ mod tests {
     #[test]
     fn replies_that_do_not_belong_to_the_call_are_protocol_errors() {
         assert_eq!(
-            decode(Some(5), &[1, 3, 5]).unwrap(),
+            decode(5, &[1, 3, 5]).unwrap(),
             Occupancy {
                 acquired: true,
                 in_flight: 3
             }
         );
-        assert!(decode(None, &[0, 2, 9]).is_ok());
-        assert!(decode(Some(5), &[1, 3, 6]).is_err(), "another call's time");
-        assert!(decode(None, &[2, 3, 5]).is_err());
-        assert!(decode(None, &[1, -1, 5]).is_err());
-        assert!(decode(None, &[1, 3]).is_err());
+        assert!(decode(9, &[0, 2, 9]).is_ok());
+        assert!(decode(5, &[1, 3, 6]).is_err(), "another call's time");
+        assert!(decode(5, &[2, 3, 5]).is_err());
+        assert!(decode(5, &[1, -1, 5]).is_err());
+        assert!(decode(5, &[1, 3]).is_err());
+        assert!(decode(5, &[1, 3, -5]).is_err());
     }
 }
