@@ -49,12 +49,13 @@ pub mod headers;
 pub mod key;
 mod later;
 pub mod metrics;
-#[cfg(feature = "redis")]
+mod names;
 mod periodic;
 mod problem;
 pub mod quota;
 pub mod rate;
 pub mod shed;
+mod skew;
 mod slots;
 pub mod store;
 

@@ -680,6 +680,8 @@ struct Quotas {
     /// `RateLimit-Policy` field and each quota's name as a structured-field
     /// string (see `headers::ietf_parts`).
     ietf: OnceLock<(http::HeaderValue, Box<[String]>)>,
+    /// A digest of the quotas, made once: what caches key a policy by.
+    fingerprint: u64,
 }
 
 // A policy is its quotas: the rest is made from them.
@@ -693,7 +695,7 @@ impl Eq for Quotas {}
 
 impl std::hash::Hash for Quotas {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.quotas.hash(state);
+        state.write_u64(self.fingerprint);
     }
 }
 
@@ -715,14 +717,26 @@ impl Policy {
             .iter()
             .map(|q| http::HeaderValue::from(q.burst_size()))
             .collect();
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            quotas.hash(&mut h);
+            h.finish()
+        };
         Self {
             inner: Arc::new(Quotas {
                 quotas: quotas.into(),
                 names,
                 limits,
                 ietf: OnceLock::new(),
+                fingerprint,
             }),
         }
+    }
+
+    /// A digest of the quotas: equal policies have equal fingerprints.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        self.inner.fingerprint
     }
 
     /// Adds a quota; errors past [`MAX_QUOTAS`] or when two quotas share an

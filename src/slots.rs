@@ -41,6 +41,8 @@ pub(crate) struct Slots {
     what: &'static str,
     series: &'static Series,
     metrics: OnceLock<StoreMetrics>,
+    /// The limiter's hold on its name in its store.
+    _name: crate::names::Claim,
 }
 
 /// What [`Slots::take`] found.
@@ -84,14 +86,17 @@ pub(crate) struct Held {
 }
 
 impl Slots {
-    /// The slots of the limiter `common` configures, leased for `lease`.
-    /// Refuses a lease no longer than the store timeout, and a store that
-    /// keeps no slots.
+    /// The slots of the limiter `common` configures, leased for `lease`;
+    /// `config` describes its limit (and whether it equals no other's: see
+    /// [`crate::names`]). Refuses a lease no longer than the store timeout,
+    /// a store that keeps no slots, and a name another limiter holds on the
+    /// store.
     pub(crate) fn new(
         common: &Common,
         what: &'static str,
         series: &'static Series,
         lease: Duration,
+        config: (String, bool),
     ) -> Result<Self, ConfigError> {
         if lease <= common.store_timeout {
             return Err(ConfigError::new(format!(
@@ -111,6 +116,12 @@ impl Slots {
             OnStoreError::Local { fraction } => Some((MemoryStore::new(), fraction)),
             _ => None,
         };
+        let name = crate::names::claim(
+            &*store,
+            &common.name,
+            format!("{what}, {}", config.0),
+            config.1,
+        )?;
         Ok(Self {
             namespace: Namespace::new(&common.name),
             backstop: failure::backstop(&*store, common.store_timeout),
@@ -130,6 +141,7 @@ impl Slots {
             what,
             series,
             metrics: OnceLock::new(),
+            _name: name,
         })
     }
 

@@ -386,7 +386,7 @@ async fn the_demo_sheds_by_x_priority_and_caps_each_keys_requests_in_flight() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = c.get(&metrics_url).await.body;
-        if gauge(&text, "load_shed_in_flight{limiter=\"default\"}") == Some(1.0) {
+        if gauge(&text, "load_shed_in_flight{limiter=\"load_shed\"}") == Some(1.0) {
             break;
         }
         assert!(
@@ -412,7 +412,7 @@ async fn the_demo_sheds_by_x_priority_and_caps_each_keys_requests_in_flight() {
     let text = c.get(&metrics_url).await.body;
     assert!(
         text.contains(
-            "load_shed_decisions_total{limiter=\"default\",class=\"test\",outcome=\"shed\"} 1"
+            "load_shed_decisions_total{limiter=\"load_shed\",class=\"test\",outcome=\"shed\"} 1"
         ),
         "{text}"
     );

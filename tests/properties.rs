@@ -273,10 +273,17 @@ fn check_strict(q: &Quota, qi: usize, out: &[Outcome]) -> Result<(), TestCaseErr
         other => panic!("{other:?} is not strict"),
     }
     // Whatever the algorithm: a rejection admits nothing, and a status never
-    // reports more than can be spent.
+    // reports more than can be spent; a rejection reports what can still be
+    // spent, which is below its cost (0 for a cost of 1).
     for o in out {
         let s = &o.statuses[qi];
         prop_assert!(s.remaining <= s.limit);
+        if !s.allowed {
+            prop_assert!(
+                s.remaining < o.cost,
+                "a rejection's remaining is below its cost: {o:?}"
+            );
+        }
         if !s.allowed && o.cost <= s.limit {
             prop_assert!(
                 s.retry_after_ms > 0,

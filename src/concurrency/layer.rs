@@ -265,7 +265,12 @@ impl Builder<Settings> {
                 Limit::Adaptive(Arc::new(AdaptiveLimit::new(a)))
             }
         };
-        let slots = Slots::new(&common, "concurrency", &CONCURRENCY, kind.lease)?;
+        let config = match &limit {
+            Limit::Fixed(n) => (format!("limit {n}"), false),
+            // Found in this process: like no other limiter's.
+            Limit::Adaptive(_) => ("an adaptive limit".to_owned(), true),
+        };
+        let slots = Slots::new(&common, "concurrency", &CONCURRENCY, kind.lease, config)?;
         Ok(ConcurrencyLimitLayer {
             limiter: Arc::new(Limiter {
                 slots: Arc::new(slots),

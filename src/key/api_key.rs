@@ -3,12 +3,33 @@
 use super::{Key, KeyError, KeyExtractor};
 use http::header::{HeaderName, InvalidHeaderName, AUTHORIZATION};
 use http::request::Parts;
+use std::fmt;
+use std::sync::Arc;
 
 /// Keys by an API key or bearer token, as [`Key::secret`] (a digest, never the secret).
 ///
-/// A missing, empty or malformed credential is a [`KeyError`] whose message
-/// names the header but never includes any of its value. Combine with
-/// [`.or`](super::KeyExtractorExt::or) to limit anonymous requests by IP.
+/// **The client chooses the value** unless it is checked: any string a client
+/// sends becomes a key of its own, with a fresh quota (and, in Redis, a key
+/// of its own for a window). A client that sends a new random token with
+/// each request is never limited. So either put the limiter behind the
+/// middleware that rejects unknown credentials, or check them here with
+/// [`verify`](ApiKey::verify), and limit what does not verify by something
+/// the client cannot choose, such as its address:
+///
+/// ```
+/// use std::collections::HashSet;
+/// use std::sync::Arc;
+/// use tower_ratelimit::key::{ApiKey, ClientIp, KeyExtractor, KeyExtractorExt};
+/// let issued: Arc<HashSet<Vec<u8>>> = Arc::new([b"s3cr3t".to_vec()].into());
+/// let key = ApiKey::bearer()
+///     .verify(move |token| issued.contains(token))
+///     .or(ClientIp::new().trust_private());
+/// # let _ = key;
+/// ```
+///
+/// A missing, empty, malformed or unverified credential is a [`KeyError`]
+/// of the client's (a 400 without a fallback) whose message names the
+/// header but never includes any of its value.
 ///
 /// ```
 /// use tower_ratelimit::key::{ApiKey, Key, KeyExtractor};
@@ -19,11 +40,24 @@ use http::request::Parts;
 /// let (parts, _) = req.into_parts();
 /// assert_eq!(ApiKey::bearer().extract(&parts), Ok(Some(Key::secret("s3cr3t"))));
 /// ```
-// Debug is derived: the extractor holds only a header name, never a secret.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ApiKey {
     name: HeaderName,
     bearer: bool,
+    verify: Option<Arc<Verify>>,
+}
+
+type Verify = dyn Fn(&[u8]) -> bool + Send + Sync;
+
+// The extractor holds a header name and perhaps a check, never a secret.
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiKey")
+            .field("name", &self.name)
+            .field("bearer", &self.bearer)
+            .field("verify", &self.verify.is_some())
+            .finish()
+    }
 }
 
 impl ApiKey {
@@ -39,6 +73,7 @@ impl ApiKey {
         Self {
             name,
             bearer: false,
+            verify: None,
         }
     }
 
@@ -70,7 +105,33 @@ impl ApiKey {
         Self {
             name: AUTHORIZATION,
             bearer: true,
+            verify: None,
         }
+    }
+
+    /// Keys only credentials that `check` accepts (a token your application
+    /// issued: a set or cache of valid keys, a signature check). One it
+    /// refuses is not a key but a [`KeyError`] of the client's, so with
+    /// [`.or`](super::KeyExtractorExt::or) the request is limited by the
+    /// fallback (the caller's address) instead of buying a fresh quota with
+    /// an invented token. `check` runs on every request with the raw
+    /// credential and must be quick; a check that needs I/O belongs in your
+    /// auth middleware, with the limiter keyed by what it verified
+    /// ([`extension`](super::extension)).
+    ///
+    /// ```
+    /// use tower_ratelimit::key::{ApiKey, KeyExtractor};
+    /// let key = ApiKey::bearer().verify(|token| token.starts_with(b"sk_") && token.len() == 35);
+    /// let req = http::Request::builder().header("authorization", "Bearer made-up").body(()).unwrap();
+    /// assert!(key.extract(&req.into_parts().0).is_err());
+    /// ```
+    #[must_use]
+    pub fn verify<F>(mut self, check: F) -> Self
+    where
+        F: Fn(&[u8]) -> bool + Send + Sync + 'static,
+    {
+        self.verify = Some(Arc::new(check));
+        self
     }
 
     /// The error for a credential that is there but unusable. Fixed texts only:
@@ -93,6 +154,9 @@ impl KeyExtractor for ApiKey {
         };
         if secret.is_empty() {
             return Err(self.error("is empty"));
+        }
+        if self.verify.as_ref().is_some_and(|check| !check(secret)) {
+            return Err(self.error("holds a credential that does not verify"));
         }
         Ok(Some(Key::secret(secret)))
     }
@@ -202,6 +266,26 @@ mod tests {
             "header `authorization` has a malformed bearer token"
         );
         assert_no_secret(&err);
+    }
+
+    #[test]
+    fn a_credential_that_does_not_verify_is_a_client_error_without_the_secret() {
+        let key = ApiKey::bearer().verify(|t| t == SECRET.as_bytes());
+        let parts = |v: &str| request().header("authorization", v).parts();
+        assert_eq!(
+            key.extract(&parts(&format!("Bearer {SECRET}"))),
+            Ok(Some(Key::secret(SECRET)))
+        );
+        let err = key
+            .extract(&parts("Bearer sk_live_TOPSECRET_made_up"))
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::key::KeyErrorKind::Client);
+        assert_eq!(
+            err.reason(),
+            "header `authorization` holds a credential that does not verify"
+        );
+        assert_no_secret(&err);
+        assert!(format!("{key:?}").contains("verify: true"));
     }
 
     #[test]

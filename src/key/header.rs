@@ -12,9 +12,12 @@ use http::request::Parts;
 /// [`KeyError`] (`header `NAME` is missing`); combine with
 /// [`.or`](super::KeyExtractorExt::or) to fall back to another key.
 ///
-/// The value is whatever the client sent: use it for identities your own
-/// gateway sets, or combine it with a client key. For API keys and tokens use
-/// [`ApiKey`](super::ApiKey), which hashes the secret.
+/// **The client chooses the value**: every value it invents is a key of its
+/// own, with a fresh quota. Use it only for identities your own gateway sets
+/// (and strips from what clients send), or combine it with a key the client
+/// cannot choose (`ClientIp::new().and(header)`). For API keys and tokens use
+/// [`ApiKey`](super::ApiKey), which hashes the secret and can
+/// [verify](super::ApiKey::verify) it.
 ///
 /// ```
 /// use tower_ratelimit::key::{Header, Key, KeyExtractor};

@@ -82,9 +82,12 @@ impl KeyExtractor for GrpcMethod {
 /// Keys by axum's matched route template (`/users/{id}`), from its `MatchedPath` extension.
 ///
 /// axum records the route only for middleware inside the router: add the rate
-/// limiter with `Router::layer` or `Router::route_layer`. Around the whole
-/// router (or for a request no route matched) there is none, which is a
-/// [`KeyError`].
+/// limiter with `Router::layer` or `Router::route_layer`. A request no route
+/// matched (the router's fallback, which `Router::layer` also wraps) is
+/// keyed as one route, [`MatchedRoute::UNMATCHED`]: every unmatched path is
+/// limited together, keeps its `404`, and a scanner cannot buy a fresh quota
+/// per invented path. (Around the whole router no request carries a route,
+/// so every request would count as unmatched: keep the layer inside.)
 ///
 /// ```
 /// use tower_ratelimit::key::{ClientIp, KeyExtractorExt, MatchedRoute};
@@ -97,16 +100,20 @@ impl KeyExtractor for GrpcMethod {
 pub struct MatchedRoute;
 
 #[cfg(feature = "axum")]
+impl MatchedRoute {
+    /// The route every request that no route matched is keyed as. A route
+    /// template starts with `/`, so no route's key equals it.
+    pub const UNMATCHED: &'static str = "(unmatched)";
+}
+
+#[cfg(feature = "axum")]
 impl KeyExtractor for MatchedRoute {
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError> {
-        match parts.extensions.get::<axum::extract::MatchedPath>() {
-            Some(path) => Ok(Some(Key::new(path.as_str()))),
-            None => Err(KeyError::server(
-                "matched_route",
-                "no axum `MatchedPath` in the request extensions: add the rate limiter with \
-                 `Router::layer` or `Router::route_layer`, not around the whole router",
-            )),
-        }
+        let route = parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map_or(Self::UNMATCHED, |path| path.as_str());
+        Ok(Some(Key::new(route)))
     }
 }
 
@@ -141,10 +148,11 @@ mod tests {
 
     #[cfg(feature = "axum")]
     #[test]
-    fn matched_route_missing_is_an_error_naming_matched_route() {
-        let err = MatchedRoute.extract(&request().parts()).unwrap_err();
-        assert_eq!(err.extractor(), "matched_route");
-        assert!(err.reason().contains("route_layer"));
+    fn a_request_without_a_matched_route_is_keyed_as_the_one_unmatched_route() {
+        let key = MatchedRoute.extract(&request().uri("/nope").parts());
+        assert_eq!(key, Ok(Some(Key::new(MatchedRoute::UNMATCHED))));
+        let other = MatchedRoute.extract(&request().uri("/also-nope").parts());
+        assert_eq!(key, other, "every unmatched path is limited together");
     }
 
     #[cfg(feature = "axum")]

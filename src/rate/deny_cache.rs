@@ -1,6 +1,9 @@
-//! The local deny cache: once the store rejects a key until time T, later
-//! requests for that key before T are rejected here, with the same headers, and
-//! cost the store nothing.
+//! The local deny cache: once the store rejects a key under a policy until
+//! time T, later requests for that key under that same policy before T are
+//! rejected here, with the same headers, and cost the store nothing. A
+//! request of the same key under another policy (another route's quota, a
+//! tier chosen per request, a runtime override) is not answered from the
+//! cache: the store never refused it.
 //!
 //! "Until T" is the rejection's `Retry-After`: for a fixed window its reset, for
 //! token bucket and GCRA the time this cost would next fit. The client was told
@@ -67,6 +70,7 @@ struct Denial {
     /// When the store decided.
     decided: Instant,
     decision: Decision,
+    /// The policy the store refused: only it is answered from here.
     policy: Policy,
 }
 
@@ -84,7 +88,8 @@ impl bounded::Entry for Denial {
 }
 
 pub(crate) struct Denials {
-    map: Bounded<Key, Denial>,
+    /// By key and policy fingerprint (the policy itself is checked on a hit).
+    map: Bounded<(Key, u64), Denial>,
     /// The runtime limits' generation the cached rejections were made at.
     generation: AtomicU64,
 }
@@ -108,27 +113,28 @@ impl Denials {
         }
     }
 
-    /// The cached rejection for `key`, if it still holds now for `cost`,
-    /// with `Retry-After` counted down to now.
+    /// The cached rejection for `key` under `policy`, if it still holds
+    /// now for `cost`, with `Retry-After` counted down to now.
     pub(crate) fn check(
         &self,
         key: &Key,
+        policy: &Policy,
         cost: (u64, u64),
         now: Instant,
-    ) -> Option<(Decision, Policy)> {
-        let (decision, policy, elapsed) = self.map.read(key, now, |d| {
-            let covered = cost.0 >= d.cost.0 && cost.1 >= d.cost.1;
-            covered.then(|| (d.decision.clone(), d.policy.clone(), now - d.decided))
+    ) -> Option<Decision> {
+        let (decision, elapsed) = self.map.read(&(*key, policy.fingerprint()), now, |d| {
+            let covered = cost.0 >= d.cost.0 && cost.1 >= d.cost.1 && d.policy == *policy;
+            covered.then(|| (d.decision.clone(), now - d.decided))
         })??;
         let elapsed = elapsed.as_millis() as u64;
         let mut decision = decision;
         for s in decision.statuses_mut().iter_mut().filter(|s| !s.allowed) {
             s.retry_after_ms = s.retry_after_ms.saturating_sub(elapsed).max(1);
         }
-        Some((decision, policy))
+        Some(decision)
     }
 
-    /// Remembers a rejection that has a finite wait.
+    /// Remembers a rejection of `key` under `policy` that has a finite wait.
     pub(crate) fn insert(
         &self,
         key: Key,
@@ -148,7 +154,8 @@ impl Denials {
             decision: decision.clone(),
             policy: policy.clone(),
         };
-        self.map.update(key, now, |_| ((), Some(denial)));
+        self.map
+            .update((key, policy.fingerprint()), now, |_| ((), Some(denial)));
     }
 
     #[cfg(test)]
@@ -188,16 +195,16 @@ mod tests {
         let (c, clock) = (Denials::new(DenyCache::new()).unwrap(), ManualClock::new(0));
         let k = Key::new("k");
         c.insert(k, (1, 1), &rejected(500), &policy(), clock.monotonic());
-        let (d, _) = c.check(&k, (1, 1), clock.monotonic()).unwrap();
+        let d = c.check(&k, &policy(), (1, 1), clock.monotonic()).unwrap();
         assert_eq!(d, rejected(500), "same decision, same headers");
         clock.advance(Duration::from_millis(200));
-        let (d, _) = c.check(&k, (1, 1), clock.monotonic()).unwrap();
+        let d = c.check(&k, &policy(), (1, 1), clock.monotonic()).unwrap();
         assert_eq!(d.retry_after_ms(), 300, "Retry-After counts down");
         // A wall-clock step does not move the expiry.
         clock.set(3_600_000);
-        assert!(c.check(&k, (1, 1), clock.monotonic()).is_some());
+        assert!(c.check(&k, &policy(), (1, 1), clock.monotonic()).is_some());
         clock.advance(Duration::from_millis(300));
-        assert!(c.check(&k, (1, 1), clock.monotonic()).is_none());
+        assert!(c.check(&k, &policy(), (1, 1), clock.monotonic()).is_none());
     }
 
     #[test]
@@ -205,10 +212,36 @@ mod tests {
         let c = Denials::new(DenyCache::new()).unwrap();
         let (k, now) = (Key::new("k"), Instant::now());
         c.insert(k, (3, 3), &rejected(500), &policy(), now);
-        assert!(c.check(&k, (2, 2), now).is_none());
-        assert!(c.check(&k, (3, 3), now).is_some());
+        assert!(c.check(&k, &policy(), (2, 2), now).is_none());
+        assert!(c.check(&k, &policy(), (3, 3), now).is_some());
         // A smaller reservation (a quota in tokens) might fit sooner too.
-        assert!(c.check(&k, (3, 2), now).is_none());
+        assert!(c.check(&k, &policy(), (3, 2), now).is_none());
+    }
+
+    #[test]
+    fn a_rejection_answers_only_its_own_policy_and_each_policy_keeps_its_own() {
+        let c = Denials::new(DenyCache::new()).unwrap();
+        let (k, now) = (Key::new("k"), Instant::now());
+        let login = Policy::new(Quota::new(2, Duration::from_secs(3600)).unwrap());
+        let api = Policy::new(Quota::new(100, Duration::from_secs(3600)).unwrap());
+        c.insert(k, (1, 1), &rejected(500), &login, now);
+        assert!(c.check(&k, &login, (1, 1), now).is_some());
+        assert!(
+            c.check(&k, &api, (1, 1), now).is_none(),
+            "another policy, never refused"
+        );
+        // The same quotas built again are the same policy.
+        let login_again = Policy::new(Quota::new(2, Duration::from_secs(3600)).unwrap());
+        assert!(c.check(&k, &login_again, (1, 1), now).is_some());
+        c.insert(k, (1, 1), &rejected(900), &api, now);
+        assert_eq!(
+            c.check(&k, &login, (1, 1), now).unwrap().retry_after_ms(),
+            500
+        );
+        assert_eq!(
+            c.check(&k, &api, (1, 1), now).unwrap().retry_after_ms(),
+            900
+        );
     }
 
     #[test]

@@ -208,6 +208,13 @@ impl<M> RateLimitLayer<M> {
     /// for them (see [`Store::connect`](crate::store::Store::connect)). Call
     /// it before serving; on failure the layer still works, connecting on use.
     ///
+    /// It also measures how far the layer's clock is from the store's
+    /// ([`Store::time`](crate::store::Store::time): Redis `TIME`), as it does
+    /// every minute after: the gauge `ratelimit_store_clock_offset_seconds`,
+    /// and a warning naming the offset past 500 ms. An offset never deletes
+    /// state (every TTL is relative), but instances whose clocks differ
+    /// disagree on windows.
+    ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// # use std::num::NonZeroU32;
@@ -223,6 +230,10 @@ impl<M> RateLimitLayer<M> {
     /// ```
     pub async fn connect(&self) -> Result<(), crate::StoreError> {
         self.limiter.store.connect().await?;
+        if let Some(skew) = &self.limiter.skew {
+            skew.measure().await;
+            skew.start();
+        }
         self.limits().refresh().await
     }
 
@@ -822,6 +833,17 @@ impl Builder<Settings> {
             }
             None => None,
         };
+        let claim = {
+            let (what, unique) = match &policy {
+                PolicySource::Static(p) => (format!("rate limit {p}"), false),
+                // Closures cannot be compared: like no other limiter.
+                _ => (
+                    "rate limit with a policy chosen per request".to_owned(),
+                    true,
+                ),
+            };
+            crate::names::claim(&*store, &common.name, what, unique)?
+        };
         let fallback =
             matches!(common.on_store_error, OnStoreError::Local { .. }).then(MemoryStore::new);
         // The memory store answers locally: a deny cache in front of it only costs.
@@ -838,9 +860,19 @@ impl Builder<Settings> {
             store.failure_domains(),
             common.clock.clone(),
         );
+        // A network store's clock is watched; one in this process is ours.
+        let skew = (!store.is_local()).then(|| {
+            Arc::new(crate::skew::Skew::new(
+                store.clone(),
+                common.clock.clone(),
+                &common.name,
+            ))
+        });
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
-                shadow_namespace: Namespace::new(&format!("{}.shadow", common.name)),
+                // `~` is no character of a limiter's name: no name a user
+                // picks reaches a shadow policy's state.
+                shadow_namespace: Namespace::new(&format!("{}~shadow", common.name)),
                 namespace,
                 local_store: store.is_local(),
                 store,
@@ -872,6 +904,8 @@ impl Builder<Settings> {
                 denials,
                 fallback,
                 metrics: Default::default(),
+                skew,
+                _name: claim,
                 #[cfg(feature = "redis")]
                 coordinator,
             }),

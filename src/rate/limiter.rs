@@ -91,6 +91,11 @@ pub(crate) struct Limiter {
     /// The in-process store used by [`OnStoreError::Local`].
     pub(crate) fallback: Option<MemoryStore>,
     pub(crate) metrics: OnceLock<Metrics>,
+    /// The offset between the clock and a network store's (none for a
+    /// store in this process).
+    pub(crate) skew: Option<Arc<crate::skew::Skew>>,
+    /// This limiter's hold on its name in its store.
+    pub(crate) _name: crate::names::Claim,
     /// The coordinated mode, when configured: decisions without store calls.
     #[cfg(feature = "redis")]
     pub(crate) coordinator: Option<Arc<super::coordinated::Coordinator>>,
@@ -327,6 +332,9 @@ impl Limiter {
     /// The whole path of one request to its verdict.
     pub(crate) fn decide(self: &Arc<Self>, parts: &Parts) -> Deciding {
         self.limits.start();
+        if let Some(skew) = &self.skew {
+            skew.start();
+        }
         let grpc = grpc::is_grpc(parts);
         let weight = self.cost.as_ref().map_or(1, |f| f(parts));
         let cost = (weight, self.reserve.as_ref().map_or(weight, |f| f(parts)));
@@ -378,11 +386,10 @@ impl Limiter {
         }
         if let Some(denials) = &self.denials {
             denials.limits_are(asked.generation);
-            if let Some((decision, policy)) =
-                denials.check(&asked.key, cost, self.clock.monotonic())
+            if let Some(decision) =
+                denials.check(&asked.key, &asked.policy, cost, self.clock.monotonic())
             {
                 self.metrics().deny_cache_hits.increment(1);
-                let asked = Asked { policy, ..asked };
                 return Later::Now(self.verdict(asked, Source::Local, Ok(decision)));
             }
         }

@@ -76,7 +76,7 @@ impl LoadShedLayer {
     /// Starts configuring a layer.
     pub fn builder() -> LoadShedLayerBuilder {
         Builder::with(
-            "default",
+            "load_shed",
             Settings {
                 capacity: None,
                 adaptive: None,
@@ -446,6 +446,7 @@ impl Builder<Settings> {
                     "fleet load shedder",
                     &FLEET_SHED,
                     kind.lease,
+                    (format!("fleet capacity {cap}"), false),
                 )?),
             }),
         };

@@ -523,6 +523,11 @@ impl Store for MemoryStore {
         true
     }
 
+    /// Its state's address: clones share it, two stores never do.
+    fn identity(&self) -> Option<String> {
+        Some(format!("memory@{:p}", Arc::as_ptr(&self.inner)))
+    }
+
     fn keeps_slots(&self) -> bool {
         true
     }

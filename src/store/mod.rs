@@ -352,6 +352,25 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Where the store keeps its state, for telling whether two limiters
+    /// would share it: two stores with the same identity do (clones of one
+    /// store, or two Redis stores of one database and key prefix). A layer
+    /// refuses to be built when a different limiter of the same name lives
+    /// on the same identity in this process (see
+    /// [`Builder::name`](crate::Builder::name)). Defaults to `None`: no check.
+    fn identity(&self) -> Option<String> {
+        None
+    }
+
+    /// The store's own clock, Unix ms, when it has one (Redis `TIME`). The
+    /// rate limiter compares it with its [`Clock`](crate::clock::Clock) when
+    /// it connects and every minute after, exports the difference as the
+    /// gauge `ratelimit_store_clock_offset_seconds` and warns past 500 ms.
+    /// Defaults to `None`: no clock of its own.
+    fn time(&self) -> StoreFuture<Result<Option<u64>, StoreError>> {
+        StoreFuture::ready(Ok(None))
+    }
+
     /// Opens the store's connections ahead of the first request, so that no
     /// request waits for a connection (or a TLS handshake) to be made. The
     /// layers never call it: the application may, before it starts serving
@@ -397,6 +416,12 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn bounds_calls(&self) -> bool {
         (**self).bounds_calls()
+    }
+    fn identity(&self) -> Option<String> {
+        (**self).identity()
+    }
+    fn time(&self) -> StoreFuture<Result<Option<u64>, StoreError>> {
+        (**self).time()
     }
     fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
         (**self).connect()

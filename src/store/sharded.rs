@@ -319,6 +319,34 @@ impl Store for ShardedStore {
         self.inner.domains
     }
 
+    /// Its shards' identities, when each has one.
+    fn identity(&self) -> Option<String> {
+        let shards: Option<Vec<String>> = self
+            .inner
+            .shards
+            .iter()
+            .map(|s| s.store.identity())
+            .collect();
+        Some(format!("sharded[{}]", shards?.join(",")))
+    }
+
+    /// The first shard's clock that answers with one: each shard's own
+    /// offset is what its keys see, and they are usually one fleet's hosts.
+    fn time(&self) -> StoreFuture<Result<Option<u64>, StoreError>> {
+        let shards: Vec<_> = self.inner.shards.iter().map(|s| s.store.time()).collect();
+        StoreFuture::pending(async move {
+            let mut first = Ok(None);
+            for shard in shards {
+                match shard.await {
+                    Ok(Some(t)) => return Ok(Some(t)),
+                    Ok(None) => {}
+                    Err(e) => first = first.and(Err(e)),
+                }
+            }
+            first
+        })
+    }
+
     /// Connects every shard; the first failure is returned once all have tried.
     fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
         let shards: Vec<_> = self

@@ -1,8 +1,12 @@
 //! Runtime limits kept in Redis for the whole fleet: one hash per layer
 //! (field `default`, and `key:TEXT` per override, each a policy's text
-//! form) and a version counter beside it. A change is one transaction that
-//! writes, bumps the version and reads the whole hash back. Each instance
-//! polls the version and reads the hash again when it moved.
+//! form), a version counter beside it, and an epoch: a random id the first
+//! change after the keys were lost (a new Redis, `FLUSHDB`, a failover to a
+//! replica that missed them) makes anew. A change is one transaction that
+//! writes, bumps the version and reads the whole table back. Each instance
+//! polls the version and epoch and reads the table again when either moved;
+//! a version that went back, or another epoch, is a reset, and the table is
+//! read again whatever this instance had installed.
 
 use super::{Change, Snapshot, Table};
 use crate::error::{ConfigError, StoreError};
@@ -111,11 +115,20 @@ pub(crate) struct Shared {
     hash: String,
     /// The counter each change bumps.
     version: String,
-    /// The version installed here (`None`: nothing read yet).
-    seen: Mutex<Option<i64>>,
+    /// The table's epoch: made by the first change after the keys were lost.
+    epoch: String,
+    /// The version and epoch installed here (`None`: nothing read yet).
+    seen: Mutex<Option<Seen>>,
     polling: Periodic,
     /// Whether the last poll failed (its failure is logged once).
     failing: AtomicBool,
+}
+
+/// Which table an instance installed: its version, in its epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Seen {
+    version: i64,
+    epoch: Option<Vec<u8>>,
 }
 
 /// The hash field of the runtime default.
@@ -139,6 +152,7 @@ impl Shared {
             namespace: namespace.clone(),
             hash: format!("{base}:limits"),
             version: format!("{base}:limits:v"),
+            epoch: format!("{base}:limits:e"),
             seen: Mutex::new(None),
             polling: Periodic::default(),
             failing: AtomicBool::new(false),
@@ -175,14 +189,26 @@ impl Shared {
                 .arg(&self.hash)
                 .ignore(),
         };
+        // The first change since the keys were lost starts a new epoch.
+        pipe.cmd("SET")
+            .arg(&self.epoch)
+            .arg(format!("{:016x}", fastrand::u64(..)))
+            .arg("NX")
+            .ignore();
         pipe.cmd("INCR").arg(&self.version);
+        pipe.cmd("GET").arg(&self.epoch);
         pipe.cmd("HGETALL").arg(&self.hash);
         let mut reply = self.query(pipe).await?;
-        if reply.len() != 3 {
-            return Err(protocol(format!("{} replies, not 3", reply.len())));
+        if reply.len() != 4 {
+            return Err(protocol(format!("{} replies, not 4", reply.len())));
         }
         let existed = int(reply.remove(0))?.unwrap_or(0) > 0;
-        self.install(table, reply)?;
+        if !self.install(table, reply, false)? {
+            // A newer table of this epoch is installed, or this one's
+            // version went back (a failover): read what Redis holds now,
+            // so the change is in force here before it is reported done.
+            self.refresh_now(table, true).await?;
+        }
         Ok(existed)
     }
 
@@ -193,52 +219,71 @@ impl Shared {
 
     /// Reads the whole table and installs it.
     pub(crate) async fn refresh(&self, table: &Table) -> Result<(), StoreError> {
+        self.refresh_now(table, false).await
+    }
+
+    /// Reads the whole table and installs it; `reset`: even when this
+    /// instance installed a later version of the same epoch.
+    async fn refresh_now(&self, table: &Table, reset: bool) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.atomic();
         pipe.cmd("GET").arg(&self.version);
+        pipe.cmd("GET").arg(&self.epoch);
         pipe.cmd("HGETALL").arg(&self.hash);
         let reply = self.query(pipe).await?;
-        self.install(table, reply)
+        self.install(table, reply, reset).map(drop)
     }
 
-    /// One poll: reads the table again when its version moved.
+    /// One poll: reads the table again when its version or epoch moved.
     async fn poll(&self, table: &Table) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(&self.version);
-        let reply = self.query(pipe).await?;
-        // No counter yet reads as version 0: nothing was ever changed.
-        let version = reply
-            .into_iter()
-            .next()
-            .map(int)
-            .transpose()?
-            .flatten()
-            .unwrap_or(0);
-        if Some(version) == *self.seen() {
-            return Ok(());
+        pipe.cmd("GET").arg(&self.epoch);
+        let [version, epoch]: [Value; 2] = self
+            .query(pipe)
+            .await?
+            .try_into()
+            .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 2", r.len())))?;
+        let now = as_seen(version, epoch)?;
+        let installed = self.seen().clone();
+        let reset = match &installed {
+            Some(s) if *s == now => return Ok(()),
+            Some(s) => s.epoch != now.epoch || s.version > now.version,
+            None => false,
+        };
+        if reset {
+            tracing::warn!(
+                limiter = self.namespace.name(),
+                "the shared rate limits in Redis were reset (their version went back or their \
+                 epoch changed: a flush, an eviction or a failover); reading them again"
+            );
         }
-        self.refresh(table).await
+        self.refresh_now(table, reset).await
     }
 
-    fn seen(&self) -> std::sync::MutexGuard<'_, Option<i64>> {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Option<Seen>> {
         self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Installs `[version, hash]` unless a newer version is installed
-    /// already (two answers may come back out of order).
-    fn install(&self, table: &Table, reply: Vec<Value>) -> Result<(), StoreError> {
-        let [version, hash]: [Value; 2] = reply
+    /// Installs `[version, epoch, hash]` unless a later version of the same
+    /// epoch is installed already (two answers may come back out of order)
+    /// and this is no `reset`; whether it was installed.
+    fn install(&self, table: &Table, reply: Vec<Value>, reset: bool) -> Result<bool, StoreError> {
+        let [version, epoch, hash]: [Value; 3] = reply
             .try_into()
-            .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 2", r.len())))?;
-        let version = int(version)?.unwrap_or(0);
+            .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 3", r.len())))?;
+        let read = as_seen(version, epoch)?;
         let snap = self.parse(table, hash)?;
-        let mut seen = self.seen();
-        if seen.is_some_and(|s| s > version) {
-            return Ok(());
+        let mut installed = self.seen();
+        let older = installed
+            .as_ref()
+            .is_some_and(|s| s.epoch == read.epoch && s.version > read.version);
+        if older && !reset {
+            return Ok(false);
         }
-        *seen = Some(version);
+        *installed = Some(read);
         table.install(snap);
-        Ok(())
+        Ok(true)
     }
 
     /// The table from `HGETALL`'s answer. An entry that does not read as a
@@ -303,6 +348,17 @@ impl Shared {
         }
         });
     }
+}
+
+/// A version (no counter reads as 0: nothing was ever changed) and epoch as
+/// `GET` answers them.
+fn as_seen(version: Value, epoch: Value) -> Result<Seen, StoreError> {
+    let epoch: Option<Vec<u8>> =
+        redis::from_redis_value(epoch).map_err(|e| protocol(format!("an epoch of {e}")))?;
+    Ok(Seen {
+        version: int(version)?.unwrap_or(0),
+        epoch,
+    })
 }
 
 fn protocol(what: String) -> StoreError {

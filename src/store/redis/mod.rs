@@ -141,9 +141,9 @@ pub mod fuzzing {
         super::reply::decode(policy, None, sent_now, reply)
     }
 
-    /// A concurrency acquire script's reply.
-    pub fn acquire_reply(sent_now: Option<u64>, reply: &[i64]) -> Result<Occupancy, StoreError> {
-        super::concurrency::decode(sent_now, reply)
+    /// A concurrency acquire script's reply to a call sent at `sent`.
+    pub fn acquire_reply(sent: u64, reply: &[i64]) -> Result<Occupancy, StoreError> {
+        super::concurrency::decode(sent, reply)
     }
 }
 
@@ -174,10 +174,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Whose clock decides when windows start and end.
+///
+/// Whichever it is, every TTL the store sets is relative to the time its
+/// script was given, so no offset between the application's clock and
+/// Redis's deletes or shortens state (the layers measure the offset: see
+/// [`RateLimitLayer::connect`](crate::RateLimitLayer::connect)). Concurrency
+/// slots are leased by Redis `TIME` in both cases: a lease is a span of
+/// real time every instance must agree on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TimeSource {
     /// The layer's [`Clock`](crate::clock::Clock), passed to each script (the
-    /// default). Instances must keep their clocks in sync (NTP); tests can move time.
+    /// default). Instances must keep their clocks in sync (NTP) for windows to
+    /// line up; tests can move time, and a [`ManualClock`](crate::clock::ManualClock)
+    /// works with this store.
     #[default]
     Application,
     /// Redis `TIME`, read inside each script: one clock for the whole fleet,
@@ -1247,6 +1256,28 @@ impl Store for RedisStore {
     /// leaves for Redis, connecting included.
     fn bounds_calls(&self) -> bool {
         true
+    }
+
+    /// Where it connects (its URL or sentinels, never credentials) and its key prefix.
+    fn identity(&self) -> Option<String> {
+        Some(format!("redis {} {}", self.inner.shown, self.inner.prefix))
+    }
+
+    /// Redis `TIME` on the primary (on a cluster, on one node); `None`
+    /// with [`TimeSource::Redis`], whose windows follow Redis's clock
+    /// whatever the layer's says.
+    fn time(&self) -> StoreFuture<Result<Option<u64>, StoreError>> {
+        if self.inner.time == TimeSource::Redis {
+            return StoreFuture::ready(Ok(None));
+        }
+        let inner = self.inner.clone();
+        io::store_future(async move {
+            let (secs, micros): (u64, u64) = inner
+                .primary
+                .run(Call::Command(&redis::cmd("TIME")), Duration::from_secs(1))
+                .await?;
+            Ok(Some(secs * 1_000 + micros / 1_000))
+        })
     }
 
     /// Opens every connection to the primary (or the cluster) and to each
