@@ -205,7 +205,7 @@ impl Backend {
         let mut commands = 0;
         let mut cpu = 0.0;
         for s in self.servers() {
-            commands += ["incrby", "pexpire", "get"]
+            commands += ["hincrby", "pexpire", "hmget"]
                 .iter()
                 .map(|c| s.command_calls(c))
                 .sum::<u64>();

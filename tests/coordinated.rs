@@ -3,11 +3,14 @@
 
 #[path = "support/example.rs"]
 mod example;
+#[path = "support/logs.rs"]
+mod logs;
 #[path = "support/redis.rs"]
 mod redis_support;
 
 use axum::body::Body;
 use http::{Request, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redis_support::{require_redis, RedisServer};
 use std::convert::Infallible;
 use std::time::Duration;
@@ -143,48 +146,113 @@ async fn the_request_path_makes_no_store_call_only_each_sync_does() {
     for _ in 0..intervals {
         fleet.interval().await;
     }
-    // 1,200 requests; Redis saw one INCRBY and one GET per instance per sync.
+    // 1,200 requests; Redis saw two HINCRBY (offered, admitted), one
+    // PEXPIRE and one HMGET per instance per sync.
     let syncs = (intervals * INSTANCES) as u64;
-    assert_eq!(server.command_calls("incrby"), syncs);
-    assert_eq!(server.command_calls("get"), syncs);
+    assert_eq!(server.command_calls("hincrby"), 2 * syncs);
+    assert_eq!(server.command_calls("pexpire"), syncs);
+    assert_eq!(server.command_calls("hmget"), syncs);
     assert_eq!(server.command_calls("evalsha"), 0);
 }
 
+/// Requests counted as allowed, and as admitted by the failure policy
+/// (`action="open"`), since the last call (a snapshot drains counters).
+fn allowed_and_failed_open(metrics: &Snapshotter) -> (u64, u64) {
+    let mut counts = (0, 0);
+    for (key, _, _, value) in metrics.snapshot().into_vec() {
+        let DebugValue::Counter(n) = value else {
+            continue;
+        };
+        let key = key.key();
+        let has =
+            |name: &str, value: &str| key.labels().any(|l| l.key() == name && l.value() == value);
+        match key.name() {
+            "ratelimit_decisions_total" if has("outcome", "allowed") => counts.0 += n,
+            "ratelimit_store_failure_decisions_total" if has("action", "open") => counts.1 += n,
+            _ => {}
+        }
+    }
+    counts
+}
+
+/// A stale key is admitted without limit: each such request counts as a
+/// fail-open decision (not as allowed), with a warning that names the
+/// limiter and not the key.
 #[tokio::test]
 async fn a_frozen_redis_fails_open_after_the_staleness_bound_and_limiting_returns_two_syncs_after_it_does(
 ) {
     if !require_redis() {
         return;
     }
+    let recorder = DebuggingRecorder::new();
+    let metrics = recorder.snapshotter();
+    let _recording = metrics::set_default_local_recorder(&recorder);
+    let (logs, _logging) = logs::capture();
     let server = RedisServer::start();
     let mut fleet = Fleet::new(&server, false);
+    let mut admitted = 0;
     for _ in 0..4 {
-        fleet.interval().await;
+        admitted += fleet.interval().await.0;
     }
-    assert!(
-        fleet.interval().await.0 < OFFERED,
-        "limiting before the freeze"
+    let (limited, _) = fleet.interval().await;
+    assert!(limited < OFFERED, "limiting before the freeze");
+    admitted += limited;
+    assert_eq!(
+        allowed_and_failed_open(&metrics),
+        (admitted as u64, 0),
+        "while Redis answers, every admission is an allowed decision"
     );
+
     server.pause();
     // Ratios hold for three intervals (the staleness bound), then fall to zero.
     let mut unlimited_after = None;
+    let (mut admitted, mut unlimited) = (0, 0);
     for i in 0..5 {
-        if fleet.interval().await.0 == OFFERED {
+        let (a, _) = fleet.interval().await;
+        admitted += a;
+        if a == OFFERED {
             unlimited_after.get_or_insert(i);
+            unlimited += a;
         }
     }
     assert!(
         unlimited_after.is_some_and(|i| i <= 3),
         "never failed open: {unlimited_after:?}"
     );
+    let (allowed, open) = allowed_and_failed_open(&metrics);
+    println!("during the freeze: {allowed} allowed, {open} failed open");
+    assert_eq!(
+        allowed + open,
+        admitted as u64,
+        "allowed {allowed}, open {open}"
+    );
+    assert!(
+        open >= unlimited as u64,
+        "{open} fail-open decisions, {unlimited} admitted without limit"
+    );
+    let warned = logs.text();
+    assert!(
+        warned.contains("WARN")
+            && warned.contains("staleness bound")
+            && warned.contains("limiter=fleet"),
+        "{warned}"
+    );
+    assert!(!warned.contains("api"), "the key is in the log: {warned}");
+
     server.resume();
     // The first sync after Redis returns reports; the second reads a complete interval.
     fleet.interval().await;
+    allowed_and_failed_open(&metrics);
     fleet.interval().await;
     let (admitted, _) = fleet.interval().await;
     assert!(
         (75..=125).contains(&admitted),
         "{admitted} admitted two syncs after Redis returned"
+    );
+    assert_eq!(
+        allowed_and_failed_open(&metrics).1,
+        0,
+        "fail-open decisions once the keys synced again"
     );
 }
 
@@ -272,8 +340,8 @@ fn the_simulation_s_scale_table_shows_redis_load_linear_in_instances_and_flat_in
     assert_eq!(cmds(&rows[0]), cmds(&rows[1]), "{table}");
     assert_eq!(cmds(&rows[2]), cmds(&rows[3]), "{table}");
     assert_eq!(cmds(&rows[2]), 2.0 * cmds(&rows[0]), "{table}");
-    // 3 commands per instance, key and second.
-    assert_eq!(cmds(&rows[0]), 3.0 * 4.0 * 2.0, "{table}");
+    // 4 commands per instance, key and second.
+    assert_eq!(cmds(&rows[0]), 4.0 * 4.0 * 2.0, "{table}");
 }
 
 /// The binding quota (the lowest rate) need not come first: its state is

@@ -148,7 +148,7 @@ async fn sharded_counters_hold_every_shard_s_keys_and_a_dead_shard_fails_open_on
 
 /// The coordinated counters a server holds.
 fn counters(server: &RedisServer) -> Vec<String> {
-    server.scan_keys(&format!("*{NAME}*:o:*"))
+    server.scan_keys(&format!("*{NAME}*:c:*"))
 }
 
 #[cfg(feature = "cluster")]
@@ -181,7 +181,7 @@ async fn cluster_counters_hold_every_node_s_keys_and_a_dead_master_fails_open_on
             "node {i}: {errors:?}"
         );
         assert!(
-            cluster.node(i).command_calls("incrby") > 0,
+            cluster.node(i).command_calls("hincrby") > 0,
             "node {i} holds no counters"
         );
     }

@@ -128,33 +128,44 @@ async fn a_15x_surge_behind_a_random_balancer_holds_the_limit_and_drops_little_a
     }
 }
 
+/// 40/s on 4 instances with a 500 ms sync, offered 60/s: each instance
+/// sees about 7 requests an interval. Behind a random balancer its load
+/// wobbles around its share from one interval to the next, and one under
+/// its share cannot lend the rest to one over it; the fleet's admitted
+/// count shows the shortfall, and the allowances are raised to make it up.
 #[tokio::test]
-async fn low_rates_with_a_500ms_interval_stay_within_10_percent_in_each_of_10_runs() {
+async fn low_rates_with_a_500ms_interval_admit_the_limit_within_5_percent_behind_either_balancer_in_each_of_10_runs(
+) {
     if !require_redis() {
         return;
     }
     let server = RedisServer::start();
     let limit = 40;
-    let mut means = Vec::new();
-    for seed in 0..10u64 {
-        // A different phase of the wall clock and balancer each run.
-        let start = SystemClock.now_ms() / 1000 * 1000 + seed * 137;
-        let mut fleet = fleet(
-            &server,
-            4,
-            limit,
-            Duration::from_millis(500),
-            1,
-            Balancer::Random(seed),
-            start,
-        );
-        let run = run(&mut fleet, limit, &[(15, 60)]).await;
-        means.push(run.mean_error(3..15));
+    // Each run starts at another phase of the wall clock, and is another
+    // limiter (its name comes from its start).
+    let base = SystemClock.now_ms() / 1000 * 1000;
+    let mut failed = Vec::new();
+    for (b, name) in ["round robin", "random"].into_iter().enumerate() {
+        let mut means = Vec::new();
+        for seed in 0..10u64 {
+            let balancer = match b {
+                0 => Balancer::RoundRobin,
+                _ => Balancer::Random(seed),
+            };
+            let start = base + 2000 * b as u64 + seed * 137;
+            let interval = Duration::from_millis(500);
+            let mut fleet = fleet(&server, 4, limit, interval, 1, balancer, start);
+            let run = run(&mut fleet, limit, &[(15, 60)]).await;
+            means.push(run.mean_error(3..15));
+        }
+        println!("{name}: mean error after settling, per run: {means:+.3?}");
+        for (seed, m) in means.iter().enumerate() {
+            if m.abs() > 0.05 {
+                failed.push(format!("{name}, run {seed}: {m:+.3}"));
+            }
+        }
     }
-    println!("mean error after settling, per run: {means:+.3?}");
-    for (seed, m) in means.iter().enumerate() {
-        assert!(m.abs() <= 0.10, "run {seed}: mean error {m:+.3}");
-    }
+    assert!(failed.is_empty(), "mean error beyond 5%: {failed:?}");
 }
 
 /// Commands Redis ran over a 6-second run of `n` instances, 4 keys, at
@@ -175,7 +186,7 @@ async fn commands(server: &RedisServer, n: usize, offered: u64) -> u64 {
     for _ in 0..6 {
         fleet.second(offered).await;
     }
-    ["incrby", "pexpire", "get"]
+    ["hincrby", "pexpire", "hmget"]
         .iter()
         .map(|c| server.command_calls(c))
         .sum()
@@ -191,8 +202,9 @@ async fn redis_load_does_not_depend_on_the_request_rate_and_grows_linearly_with_
     let four_fast = commands(&server, 4, 4_000).await;
     let eight_slow = commands(&server, 8, 400).await;
     println!("4 instances: {four_slow} at 400/s, {four_fast} at 4000/s; 8 instances: {eight_slow}");
-    // 3 commands per instance, key and sync: 4 × 4 × 6 × 3.
-    assert_eq!(four_slow, 4 * 4 * 6 * 3);
+    // 4 commands per instance, key and sync (two HINCRBY and a PEXPIRE
+    // into the interval's counts, an HMGET of the interval read): 4 × 4 × 6 × 4.
+    assert_eq!(four_slow, 4 * 4 * 6 * 4);
     assert_eq!(four_fast, four_slow);
     assert_eq!(eight_slow, 2 * four_slow);
 }

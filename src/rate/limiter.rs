@@ -381,8 +381,14 @@ impl Limiter {
         };
         #[cfg(feature = "redis")]
         if let Some(c) = &self.coordinator {
-            let decision = c.decide(&asked.key, &asked.policy, cost.0, now_ms);
-            return Later::Now(self.verdict(asked, Source::Coordinated, Ok(decision)));
+            return Later::Now(match c.decide(&asked.key, &asked.policy, cost.0, now_ms) {
+                Ok(decision) => self.verdict(asked, Source::Coordinated, Ok(decision)),
+                Err(super::coordinated::Stale) => {
+                    let why = "a key's coordinated share is past its staleness bound (its counts did not sync)";
+                    self.guard.opened(why, self.metrics());
+                    Verdict::Forward(None)
+                }
+            });
         }
         if let Some(denials) = &self.denials {
             denials.limits_are(asked.generation);
