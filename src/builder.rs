@@ -84,7 +84,16 @@ impl<K> Builder<K> {
 
     /// Names the limiter: its state is kept apart from other limiters
     /// sharing a store, and its metrics and log lines carry the name.
-    /// `[A-Za-z0-9_.-]`, 1 to 64 bytes.
+    /// `[A-Za-z0-9_.-]`, 1 to 64 bytes. Defaults: `default` for a rate
+    /// limit, `concurrency` and `load_shed`.
+    ///
+    /// A name on a store belongs to one limiter: building a different one
+    /// (another kind, another fixed policy or limit, or any policy chosen
+    /// per request) with a name a live limiter holds on the same store
+    /// ([`Store::identity`](crate::store::Store::identity)) is refused, as
+    /// the two would count together. Clones of a layer share its limiter;
+    /// the same limiter built again (a fleet's instances in one process)
+    /// is allowed.
     ///
     /// ```
     /// # use std::num::NonZeroU32;

@@ -17,7 +17,9 @@ pub struct QuotaStatus {
     /// The most units that can be spent at once: the quota's limit, or the
     /// burst of a token bucket or GCRA quota.
     pub limit: u64,
-    /// Units that can be spent now, within `0..=limit`.
+    /// Units that can be spent now, within `0..=limit`. On a rejection it
+    /// is below the request's cost (0 for a cost of 1): what the client can
+    /// still spend, never what it asked for.
     pub remaining: u64,
     /// Unix ms at which the quota is fully available again (a fixed window's
     /// stored reset; when a bucket is full again; when the last logged or

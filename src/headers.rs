@@ -53,7 +53,8 @@ use std::cell::RefCell;
 
 /// `X-RateLimit-Limit`: the binding quota's limit.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-/// `X-RateLimit-Remaining`: units that can be spent now.
+/// `X-RateLimit-Remaining`: units that can be spent now (on a rejection, less
+/// than the request's cost: 0 for a cost of 1).
 pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`: Unix seconds at which the quota is fully available again.
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");

@@ -34,6 +34,7 @@
 //! | `ratelimit_breaker_state` | gauge | | 0 closed, 1 open (for any failure domain, e.g. one shard), 2 half-open |
 //! | `ratelimit_refunds_total` | counter | `result` = `ok`, `failed` | refunds of free responses |
 //! | `ratelimit_memory_evictions_total` | counter | | live keys a full [`MemoryStore`](crate::store::MemoryStore) evicted (the least used of a sample) |
+//! | `ratelimit_store_clock_offset_seconds` | gauge | | the layer's clock minus its store's ([`Store::time`](crate::store::Store::time), Redis `TIME`), measured at connect and every minute |
 //!
 //! The concurrency limiter and the load shedder report under their own
 //! prefixes, `concurrency_` and `load_shed_`: see [`crate::concurrency`] and
