@@ -53,9 +53,12 @@ pub enum StoreError {
     },
     /// So many charges already wait for the store's connection that this one
     /// was not queued: the instance asks more of the store than it answers.
-    /// Not a fault of the store (the breaker does not count it); the failure
-    /// policy answers the request. Keeping an instance out of that state is
-    /// the load shedder's job ([`LoadShedLayer`](crate::LoadShedLayer)).
+    /// Not a fault of the store (the breaker does not count it), so not the
+    /// failure policy's either: the rate limiter answers it `503` with
+    /// `Retry-After` (the `temporary-reduced-capacity` problem, gRPC
+    /// `UNAVAILABLE`), never admitting without limit, and counts it as the
+    /// decision `overloaded`. Keeping an instance out of that state is the
+    /// load shedder's job ([`LoadShedLayer`](crate::LoadShedLayer)).
     #[error("{queued} rate limit charges already wait for the store's connection")]
     Backlog {
         /// The charges waiting.

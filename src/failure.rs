@@ -68,6 +68,15 @@ impl OnStoreError {
 /// the store for a cool-down and answer per the failure policy at once, so a
 /// dead Redis does not add the store timeout to every request.
 ///
+/// The breaker counts failed store **calls**, not requests: the requests
+/// that shared one failed call (a Redis batch carries dozens under load),
+/// or that were on their way to the store together when it failed, are
+/// one failure. A failure counts only for a call that started after the
+/// last counted failure was seen. So one slow moment (a fork, an fsync, a
+/// network blip) is one failure however busy the instance is, while a dead
+/// store, whose every new call fails, opens the breaker after
+/// [`failures`](CircuitBreaker::failures) calls in a row.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_ratelimit::CircuitBreaker;
@@ -103,7 +112,7 @@ impl CircuitBreaker {
         }
     }
 
-    /// Consecutive failures that open the breaker (at least 1).
+    /// Consecutive failed calls that open the breaker (at least 1).
     pub const fn failures(mut self, n: u32) -> Self {
         self.threshold = if n == 0 { 1 } else { n };
         self
@@ -139,6 +148,9 @@ pub(crate) struct Breaker {
 }
 
 struct Open {
+    /// When the last failure that counted was seen: a failed call that
+    /// started before it failed with it (one event), and does not count.
+    counted: Option<Instant>,
     /// Calls are refused until then.
     until: Option<Instant>,
     /// When the probe went out: everyone else waits for its answer, for at
@@ -154,6 +166,7 @@ impl Breaker {
             closed: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             open: Mutex::new(Open {
+                counted: None,
                 until: None,
                 probing: None,
             }),
@@ -201,28 +214,31 @@ impl Breaker {
         false
     }
 
-    /// Records a failed call; returns true if it opened the breaker.
-    pub(crate) fn failure(&self, probe: bool, now: Instant) -> bool {
+    /// Records a failed call that started at `started`, seen at `now`;
+    /// returns true if it opened the breaker. A call that started before
+    /// the last counted failure was seen failed with it: not counted.
+    pub(crate) fn failure(&self, probe: bool, started: Instant, now: Instant) -> bool {
         if self.cfg.threshold == u32::MAX {
             return false;
         }
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let reopen = |open: &mut Open| {
             open.until = Some(now + self.cfg.cooldown);
             open.probing = None;
         };
         if probe {
-            reopen(&mut self.open.lock().unwrap_or_else(PoisonError::into_inner));
+            reopen(&mut open);
             return false;
         }
+        if open.counted.is_some_and(|seen| started < seen) {
+            return false;
+        }
+        open.counted = Some(now);
         let n = self
             .failures
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
-        if n < self.cfg.threshold || !self.closed.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if !self.closed.swap(false, Ordering::AcqRel) {
+        if n < self.cfg.threshold || !self.closed.swap(false, Ordering::AcqRel) {
             return false;
         }
         reopen(&mut open);
@@ -296,12 +312,13 @@ impl LogThrottle {
     }
 }
 
-/// A store call the breaker let through: which breaker it counts for, and
-/// whether it is the probe.
+/// A store call the breaker let through: which breaker it counts for,
+/// whether it is the probe, and when it started.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Permit {
     domain: usize,
     probe: bool,
+    started: Instant,
 }
 
 /// The failure handling of one store-backed limiter: its breakers, its
@@ -339,16 +356,19 @@ impl Guard {
 
     /// Whether a call to failure domain `domain` may be made.
     pub(crate) fn admit(&self, domain: usize, m: &StoreMetrics) -> Result<Permit, StoreError> {
-        match self.breakers.get(domain).admit(|| self.clock.monotonic()) {
+        let started = self.clock.monotonic();
+        match self.breakers.get(domain).admit(|| started) {
             Admit::Call => Ok(Permit {
                 domain,
                 probe: false,
+                started,
             }),
             Admit::Probe => {
                 m.breaker_state.set(2.0);
                 Ok(Permit {
                     domain,
                     probe: true,
+                    started,
                 })
             }
             Admit::Reject => Err(StoreError::CircuitOpen),
@@ -381,7 +401,7 @@ impl Guard {
             // this instance queued more than it answers.
             Err(StoreError::Full { .. } | StoreError::Backlog { .. }) => {}
             Err(_) => {
-                if breaker.failure(permit.probe, self.clock.monotonic()) {
+                if breaker.failure(permit.probe, permit.started, self.clock.monotonic()) {
                     m.breaker_state.set(1.0);
                     tracing::warn!(
                         limiter = %self.name,
@@ -523,10 +543,10 @@ mod tests {
     async fn opens_after_the_threshold_rejects_during_cooldown_and_lets_one_probe_through() {
         let b = breaker(3);
         assert_eq!(b.admit(Instant::now), Admit::Call);
-        assert!(!b.failure(false, Instant::now()));
-        assert!(!b.failure(false, Instant::now()));
+        assert!(!b.failure(false, Instant::now(), Instant::now()));
+        assert!(!b.failure(false, Instant::now(), Instant::now()));
         assert!(
-            b.failure(false, Instant::now()),
+            b.failure(false, Instant::now(), Instant::now()),
             "the third failure opens it"
         );
         assert_eq!(b.admit(Instant::now), Admit::Reject);
@@ -534,7 +554,7 @@ mod tests {
         assert_eq!(b.admit(Instant::now), Admit::Probe);
         assert_eq!(b.admit(Instant::now), Admit::Reject, "one probe at a time");
         // The probe fails: open for another cool-down.
-        assert!(!b.failure(true, Instant::now()));
+        assert!(!b.failure(true, Instant::now(), Instant::now()));
         assert_eq!(b.admit(Instant::now), Admit::Reject);
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(b.admit(Instant::now), Admit::Probe);
@@ -545,7 +565,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_the_probe_closes_it_never_a_late_answer_to_an_earlier_call() {
         let b = breaker(1);
-        assert!(b.failure(false, Instant::now()));
+        assert!(b.failure(false, Instant::now(), Instant::now()));
         assert!(
             !b.success(false),
             "a call from before the opening answered late"
@@ -564,7 +584,7 @@ mod tests {
         // A probe whose request was dropped (the client went away) records
         // nothing; the breaker must not wait for it forever.
         let b = breaker(1);
-        assert!(b.failure(false, Instant::now()));
+        assert!(b.failure(false, Instant::now(), Instant::now()));
         tokio::time::advance(Duration::from_millis(100)).await;
         assert_eq!(b.admit(Instant::now), Admit::Probe);
         tokio::time::advance(Duration::from_millis(99)).await;
@@ -580,23 +600,53 @@ mod tests {
         // The wall clock (SystemTime, or a layer's Clock) plays no part: only
         // tokio's monotonic time, which a test moves, ends the cool-down.
         let b = breaker(1);
-        assert!(b.failure(false, Instant::now()));
+        assert!(b.failure(false, Instant::now(), Instant::now()));
         tokio::time::advance(Duration::from_millis(99)).await;
         assert_eq!(b.admit(Instant::now), Admit::Reject);
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(b.admit(Instant::now), Admit::Probe);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn the_calls_of_one_failure_count_once_and_a_dead_store_s_new_calls_open_it() {
+        let b = breaker(5);
+        // A batch of 64 requests (or several calls in flight at once) that
+        // all fail at one moment: one failure.
+        let started = Instant::now();
+        tokio::time::advance(Duration::from_millis(50)).await;
+        for _ in 0..64 {
+            assert!(!b.failure(false, started, Instant::now()));
+        }
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            !b.failure(false, started, Instant::now()),
+            "started before it was seen"
+        );
+        assert_eq!(b.admit(Instant::now), Admit::Call);
+        // Each call made after the last failure was seen fails again: four
+        // more open it (five calls in a row).
+        for i in 2..=5 {
+            let started = Instant::now();
+            tokio::time::advance(Duration::from_millis(50)).await;
+            assert_eq!(
+                b.failure(false, started, Instant::now()),
+                i == 5,
+                "call {i}"
+            );
+        }
+        assert_eq!(b.admit(Instant::now), Admit::Reject);
+    }
+
     #[test]
     fn a_success_resets_the_count_of_consecutive_failures_and_disabled_never_opens() {
         let b = breaker(2);
-        b.failure(false, Instant::now());
+        b.failure(false, Instant::now(), Instant::now());
         b.success(false);
-        assert!(!b.failure(false, Instant::now()));
+        assert!(!b.failure(false, Instant::now(), Instant::now()));
         assert_eq!(b.admit(Instant::now), Admit::Call);
         let b = Breaker::new(CircuitBreaker::disabled());
         for _ in 0..1000 {
-            assert!(!b.failure(false, Instant::now()));
+            assert!(!b.failure(false, Instant::now(), Instant::now()));
         }
         assert_eq!(b.admit(Instant::now), Admit::Call);
     }
@@ -604,8 +654,11 @@ mod tests {
     #[test]
     fn each_failure_domain_has_its_own_breaker() {
         let b = Breakers::new(CircuitBreaker::new().failures(2), 3);
-        assert!(!b.get(1).failure(false, Instant::now()));
-        assert!(b.get(1).failure(false, Instant::now()), "domain 1 opens");
+        assert!(!b.get(1).failure(false, Instant::now(), Instant::now()));
+        assert!(
+            b.get(1).failure(false, Instant::now(), Instant::now()),
+            "domain 1 opens"
+        );
         assert!(b.any_open());
         assert_eq!(b.get(1).admit(Instant::now), Admit::Reject);
         assert_eq!(

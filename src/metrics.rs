@@ -25,7 +25,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `ratelimit_decisions_total` | counter | `outcome` = `allowed`, `rejected`, `exempt`, `key_error` | requests by outcome |
+//! | `ratelimit_decisions_total` | counter | `outcome` = `allowed`, `rejected`, `exempt`, `key_error`, `overloaded` | requests by outcome (`overloaded`: refused with 503 because this instance queued more charges than its store answers) |
 //! | `ratelimit_shadow_rejections_total` | counter | | would-be rejections admitted in shadow mode |
 //! | `ratelimit_deny_cache_hits_total` | counter | | rejections answered by the local deny cache |
 //! | `ratelimit_store_duration_seconds` | histogram | `op` = `charge`, `refund` | store call latency (network stores) |
@@ -110,6 +110,9 @@ pub(crate) struct StoreMetrics {
     pub(crate) rejected: Counter,
     pub(crate) exempt: Counter,
     pub(crate) key_error: Counter,
+    /// Requests refused because this instance queued more for its store
+    /// than the store answers (never admitted without limit).
+    pub(crate) overloaded: Counter,
     pub(crate) shadow_rejected: Counter,
     pub(crate) decide_duration: Histogram,
     off_path_duration: Histogram,
@@ -148,6 +151,7 @@ impl StoreMetrics {
             rejected: decision("rejected"),
             exempt: decision("exempt"),
             key_error: decision("key_error"),
+            overloaded: decision("overloaded"),
             shadow_rejected: if series.decisions {
                 counter!(format!("{p}_shadow_rejections_total"), "limiter" => l.clone())
             } else {

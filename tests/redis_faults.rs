@@ -666,3 +666,255 @@ impl std::io::Write for LogWriter {
         Ok(())
     }
 }
+
+/// One paused moment under load: 64 clients in a loop, so that each script
+/// call carries dozens of charges, and Redis paused once for 1.5 times the
+/// store timeout. The breaker counts the failed calls, not the requests in
+/// them: it stays closed, and only the requests that were waiting on the
+/// paused Redis fail open. A dead Redis still opens it within five calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pause_under_batched_load_is_one_failure_and_a_dead_redis_opens_the_breaker_in_five_calls(
+) {
+    if !require_redis() {
+        return;
+    }
+    const STORE_TIMEOUT: Duration = Duration::from_millis(50);
+    const CLIENTS: usize = 64;
+    let mut server = RedisServer::start();
+    let charges = Arc::new(AtomicUsize::new(0));
+    let store = Counting {
+        inner: fast_store(server.url()),
+        charges: charges.clone(),
+    };
+    let layer = RateLimitLayer::builder()
+        .name("paused-once")
+        .quota(Quota::new(1_000_000_000, Duration::from_secs(60)).unwrap())
+        .key(Header::try_new("x-client").unwrap())
+        .store(store)
+        .store_timeout(STORE_TIMEOUT)
+        .circuit_breaker(
+            CircuitBreaker::new()
+                .failures(5)
+                .cooldown(Duration::from_secs(1)),
+        )
+        .build()
+        .unwrap();
+    let svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_req: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+        }),
+    );
+    use tower::ServiceExt;
+    layer.connect().await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let undecided = Arc::new(AtomicUsize::new(0));
+    let decided = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let (svc, stop) = (svc.clone(), stop.clone());
+            let (undecided, decided) = (undecided.clone(), decided.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let req = http::Request::builder()
+                        .header("x-client", format!("c{i}"))
+                        .body(())
+                        .unwrap();
+                    let res = svc.clone().oneshot(req).await.unwrap();
+                    let counter = match res.headers().contains_key("x-ratelimit-remaining") {
+                        true => &decided,
+                        false => &undecided,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (calls_before, decided_before) = (
+        server.command_calls("evalsha"),
+        decided.load(Ordering::Relaxed),
+    );
+    server.cmd(&["CLIENT", "PAUSE", "75", "ALL"]).assert_ok();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    let calls = server.command_calls("evalsha") - calls_before;
+    let per_call = (decided.load(Ordering::Relaxed) - decided_before) as f64 / calls as f64;
+    let undecided = undecided.load(Ordering::Relaxed);
+    println!("{undecided} failed open; {per_call:.1} charges per script call");
+    assert!(
+        per_call > 10.0,
+        "batched load: {per_call:.1} charges per call"
+    );
+    // Each client had its request waiting through the pause, and perhaps
+    // the next it sent when that timed out while Redis was still paused (a
+    // busy two-core machine may stretch that to one more): never the
+    // breaker's cool-down of fail-open decisions, which is tens of thousands.
+    assert!(undecided >= 1, "the pause failed the requests it held");
+    assert!(
+        undecided <= 3 * CLIENTS,
+        "{undecided} decisions failed open"
+    );
+
+    // Redis dead: each new call fails; the fifth in a row opens the breaker.
+    server.stop();
+    charges.store(0, Ordering::SeqCst);
+    for _ in 0..20 {
+        let req = http::Request::builder()
+            .header("x-client", "c0")
+            .body(())
+            .unwrap();
+        let res = svc.clone().oneshot(req).await.unwrap();
+        assert!(!res.headers().contains_key("x-ratelimit-remaining"));
+    }
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        5,
+        "five failed calls, then none"
+    );
+    // Back: after the cool-down, a probe closes it.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let req = http::Request::builder()
+            .header("x-client", "c0")
+            .body(())
+            .unwrap();
+        let res = svc.clone().oneshot(req).await.unwrap();
+        if res.headers().contains_key("x-ratelimit-remaining") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the breaker never closed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// With Redis frozen and 2,000 charges queued on one connection, each is
+/// answered within its budget (the store timeout from when it queued, plus
+/// slack), and those whose budget ran out in the queue never reach Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_charges_queued_on_a_frozen_redis_wait_one_budget_and_the_expired_are_never_sent(
+) {
+    if !require_redis() {
+        return;
+    }
+    const BUDGET: Duration = Duration::from_millis(50);
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let ns = Namespace::new("queued");
+    let policy = Policy::new(Quota::new(10, Duration::from_secs(60)).unwrap());
+    let keys: Vec<Key> = (0..2_000).map(|i| Key::new(format!("k{i}"))).collect();
+    let now = SystemClock.now_ms();
+    let charge = |key| {
+        store.charge(&Charge {
+            namespace: &ns,
+            key,
+            policy: &policy,
+            cost: 1,
+            units: 1,
+            now_ms: now,
+            timeout: BUDGET,
+        })
+    };
+    let warm = Key::new("warm-up");
+    charge(&warm).await.unwrap();
+    server.config_resetstat();
+    server.pause();
+    // All queued at once; each answer timed when it comes.
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let started = Instant::now();
+    let mut answers: FuturesUnordered<_> = keys.iter().map(charge).collect();
+    let mut slowest = Duration::ZERO;
+    while let Some(r) = answers.next().await {
+        assert_eq!(r.unwrap_err().kind(), "timeout");
+        slowest = started.elapsed();
+    }
+    server.resume();
+    // Whatever reached Redis ran once it woke up: count what was charged.
+    let charged = server.scan_keys("trl:queued:*").len();
+    let calls = server.command_calls("evalsha");
+    println!("slowest answer {slowest:?}; {calls} calls carried {charged} of 2000 charges");
+    // One budget, plus slack for a busy two-core machine to poll 2,000
+    // futures (queued behind calls that never return, each used to wait a
+    // budget per round: ten budgets and more).
+    assert!(slowest <= 2 * BUDGET, "{slowest:?}");
+    // The calls made before the first timed out (four in flight of up to
+    // 64), a few for requests queued a little later with budget left (how
+    // many depends on how fast the 2,000 were queued), and none for
+    // requests whose budget had run out: waiting a budget per round, calls
+    // went on until every request was answered (33 calls, half the charges).
+    assert!(calls <= 12, "{calls} script calls");
+    assert!(charged <= 12 * 64, "{charged} charges reached Redis");
+}
+
+/// More charges than one connection queues (4,096), all at once on a Redis
+/// that stopped answering: those past the cap are refused at once as an
+/// overload (503, `temporary-reduced-capacity`), the rest are decided by the
+/// store once it answers, and none is admitted without a charge, although
+/// the failure policy is to fail open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_queue_cap_requests_are_refused_as_an_overload_and_none_is_admitted_unlimited() {
+    if !require_redis() {
+        return;
+    }
+    const REQUESTS: usize = 5_000;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .name("overload")
+        .quota(Quota::new(1_000_000, Duration::from_secs(60)).unwrap())
+        .key(Header::try_new("x-client").unwrap())
+        .store(store)
+        .store_timeout(Duration::from_secs(20))
+        .on_store_error(OnStoreError::FailOpen)
+        .build()
+        .unwrap();
+    layer.connect().await.unwrap();
+    let svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_req: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+        }),
+    );
+    use tower::ServiceExt;
+    server.pause();
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let req = http::Request::builder()
+                    .header("x-client", format!("c{}", i % 100))
+                    .body(())
+                    .unwrap();
+                let res = svc.oneshot(req).await.unwrap();
+                let decided = res.headers().contains_key("x-ratelimit-remaining");
+                let problem = res.headers().contains_key("retry-after")
+                    && res.headers()["content-type"] == "application/problem+json";
+                (res.status(), decided, problem)
+            })
+        })
+        .collect();
+    // The ones past the cap are answered while Redis is still stopped.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.resume();
+    let (mut decided, mut overloaded) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            (StatusCode::OK, true, _) => decided += 1,
+            (StatusCode::SERVICE_UNAVAILABLE, false, true) => overloaded += 1,
+            other => panic!("admitted without a charge, or another answer: {other:?}"),
+        }
+    }
+    println!("{decided} decided by the store, {overloaded} refused as an overload");
+    assert!(overloaded >= REQUESTS - 4_096 - 4 * 64, "{overloaded}");
+    assert_eq!(decided + overloaded, REQUESTS);
+}

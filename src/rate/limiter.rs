@@ -535,6 +535,20 @@ impl Limiter {
     }
 
     fn store_failed(&self, asked: Asked, err: StoreError) -> Verdict {
+        if let StoreError::Backlog { queued } = err {
+            // This instance asks more of its store than it answers: its own
+            // overload, never a reason to admit without limit.
+            self.metrics().overloaded.increment(1);
+            self.guard.log.event(Log::StoreError, || {
+                tracing::warn!(limiter = self.namespace.name(), queued, "rate limit charges queue faster than the store answers: refusing with 503 (add store connections, or shed load before the limiter)");
+            });
+            return Verdict::Answer(problem::unavailable_as(
+                problem::TEMPORARY_REDUCED_CAPACITY,
+                asked.grpc,
+                1,
+                "the rate limiter is overloaded: this instance has more charges waiting for its store than the store answers",
+            ));
+        }
         let unavailable = || {
             Verdict::Answer(problem::unavailable(
                 asked.grpc,

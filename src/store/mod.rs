@@ -90,10 +90,11 @@ pub struct Charge<'a> {
     pub units: u64,
     /// The application's time, Unix ms.
     pub now_ms: u64,
-    /// How long the store may take to answer. Network stores measure it
-    /// from when the call is sent, not counting time the call spends
-    /// queued behind the application's own work; the layer bounds the whole
-    /// wait too (see [`Store`]).
+    /// How long the store may take to answer. Network stores count the time
+    /// the call waits for the store (queued behind calls the store fails to
+    /// answer, connecting, and the call itself), never the time it waits for
+    /// the application's own runtime or behind calls the store answers; the
+    /// layer bounds the whole wait too (see [`Store`]).
     pub timeout: Duration,
 }
 

@@ -26,7 +26,8 @@ pub(crate) struct Job {
     pub(crate) cost: u64,
     /// What it reserves in each quota of another unit.
     pub(crate) units: u64,
-    /// How long the request waits for its answer once its batch is sent.
+    /// How long the request may wait for its answer at the store, from
+    /// when it is queued on a lane (see [`super::lane`]).
     pub(crate) timeout: Duration,
 }
 

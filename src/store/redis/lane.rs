@@ -32,9 +32,20 @@
 //!   batch alone; a failure of the call (connection, timeout, `OOM`, `BUSY`)
 //!   answers every request of the batch with it, through the layer's failure
 //!   policy.
+//! - A request's budget (the store timeout) runs from when it is queued to
+//!   its answer: the time it waits behind earlier calls to the store is part
+//!   of it while the store fails (its last call found no answer in time).
+//!   Only the time the lane had a call out to Redis counts, as the Redis I/O
+//!   thread saw it: a runner the application's runtime polls late does not
+//!   spend a request's budget, and a long queue behind a store that answers
+//!   is this instance's own volume, never a reason to fail open. A request
+//!   whose budget ran out in the queue is answered with a timeout and never
+//!   sent; one in flight is answered at its own deadline, whatever its
+//!   batch's fellows wait for.
 //! - A lane's queue holds at most [`MAX_QUEUED`] requests; past that a charge
-//!   fails at once with [`StoreError::Backlog`] (answered by the failure
-//!   policy, not counted by the breaker) rather than queueing without bound.
+//!   fails at once with [`StoreError::Backlog`]: the instance asks more of
+//!   its store than it answers (the layer answers it as an overload, never
+//!   by admitting it without limit), rather than queueing without bound.
 //! - A runner forms batches on the application's runtime (so everything
 //!   ready to run joins), but each batch is sent, timed and answered on the
 //!   Redis I/O thread ([`super::io`]), as connections are made and read
@@ -75,6 +86,49 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 type Sender = oneshot::Sender<JobReply>;
 
+/// A queued request: its charge, the lane's busy time when it was queued,
+/// and where its answer goes.
+struct Queued {
+    job: Job,
+    busy_at: Duration,
+    tx: Sender,
+}
+
+/// How long a lane has had calls out to Redis, all told: what a queued
+/// request's wait is measured in.
+#[derive(Default)]
+struct Busy {
+    /// Calls out now.
+    calls: usize,
+    /// Since when at least one is.
+    since: Option<Instant>,
+    /// The time with calls out, before `since`.
+    total: Duration,
+}
+
+impl Busy {
+    fn now(&self, now: Instant) -> Duration {
+        self.total
+            + self
+                .since
+                .map_or(Duration::ZERO, |s| now.saturating_duration_since(s))
+    }
+
+    fn begin(&mut self, now: Instant) {
+        self.calls += 1;
+        self.since.get_or_insert(now);
+    }
+
+    fn end(&mut self, now: Instant) {
+        self.calls = self.calls.saturating_sub(1);
+        if self.calls == 0 {
+            if let Some(since) = self.since.take() {
+                self.total += now.saturating_duration_since(since);
+            }
+        }
+    }
+}
+
 /// The connections of one role: to the primary (or a Sentinel-named
 /// primary), or to one replica.
 pub(crate) struct Lanes {
@@ -98,9 +152,17 @@ struct Lane {
 
 #[derive(Default)]
 struct Queue {
-    waiting: Vec<(Job, Sender)>,
+    waiting: Vec<Queued>,
     /// Whether a runner task is sending this lane's batches.
     running: bool,
+    /// The lane's calls out to Redis, as the I/O thread saw them.
+    busy: Busy,
+    /// Whether the lane's last call failed (an error, or no answer in
+    /// time): the wait behind calls is then the store's, and spends the
+    /// budget of the requests queued; behind calls the store answers, it is
+    /// this instance's own volume, which must never make a request fail
+    /// open, and the budget starts when the request is sent.
+    failing: bool,
 }
 
 fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
@@ -230,14 +292,14 @@ impl Lanes {
         conn: &Conn,
         deadline: Instant,
         budget: Duration,
-        call: impl Future<Output = Result<T, Failed>>,
+        call: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(v)) => {
                 conn.answered();
                 Ok(v)
             }
-            Ok(Err(Failed::Redis(e))) => {
+            Ok(Err(e)) => {
                 if breaks_connection(&e) {
                     conn.close();
                 } else {
@@ -246,7 +308,6 @@ impl Lanes {
                 }
                 Err(redis_error(e))
             }
-            Ok(Err(Failed::Store(e))) => Err(e),
             Err(_) => {
                 if conn.stalled_for(self.response_timeout) {
                     conn.close();
@@ -265,7 +326,7 @@ impl Lanes {
         let deadline = Instant::now() + budget;
         let conn = self.open(self.next_lane(), deadline, budget).await?;
         let mut c = conn.clone();
-        let sent = async move { Ok(call.send(&mut c).await?) };
+        let sent = async move { call.send(&mut c).await };
         self.answer(&conn, deadline, budget, sent).await
     }
 
@@ -279,7 +340,7 @@ impl Lanes {
         let deadline = Instant::now() + budget;
         let conn = self.open(self.next_lane(), deadline, budget).await?;
         let mut c = conn.clone();
-        let sent = async move { Ok(pipe.query_async::<Vec<Value>>(&mut c).await?) };
+        let sent = async move { pipe.query_async::<Vec<Value>>(&mut c).await };
         self.answer(&conn, deadline, budget, sent).await
     }
 
@@ -302,7 +363,8 @@ impl Lanes {
                 let _ = tx.send(Err(StoreError::Backlog { queued: MAX_QUEUED }));
                 return rx;
             }
-            q.waiting.push((job, tx));
+            let busy_at = q.busy.now(Instant::now());
+            q.waiting.push(Queued { job, busy_at, tx });
             let fills_batch = q.waiting.len() == MAX_BATCH;
             if !std::mem::replace(&mut q.running, true) {
                 drop(q);
@@ -323,48 +385,54 @@ impl Lanes {
         unreachable!("a store has at least one connection")
     }
 
-    /// Charges `batch` on lane `lane` within its budget, connecting
-    /// included, and hands each request its answer. Runs on the Redis I/O
-    /// thread, so the budget measures Redis, not the application's runtime.
+    /// Charges `batch` on lane `lane` by its requests' deadlines, connecting
+    /// included, and hands each request its answer (or, at its own
+    /// deadline, a timeout). Runs on the Redis I/O thread, so the budget
+    /// measures Redis, not the application's runtime.
     async fn send_batch(self: Arc<Self>, lane: usize, mut batch: Batch) {
-        let budget = batch.budget();
-        let deadline = Instant::now() + budget;
-        let conn = match self.open(lane, deadline, budget).await {
-            Ok(conn) => conn,
-            Err(e) => return batch.deliver(Err(e)),
+        lock(&self.lanes[lane].queue).busy.begin(Instant::now());
+        // The call ended: whether the store answered it in time.
+        let ended = |answered: bool| {
+            let mut q = lock(&self.lanes[lane].queue);
+            q.busy.end(Instant::now());
+            q.failing = !answered;
+        };
+        batch.start();
+        let (deadline, budget) = batch.deadline();
+        let conn = match batch.by_deadlines(self.open(lane, deadline, budget)).await {
+            Some(Ok(conn)) => conn,
+            Some(Err(e)) => {
+                ended(false);
+                return batch.deliver(Err(e));
+            }
+            None => return ended(false),
         };
         // Connecting may have taken a while: callers that gave up meanwhile
         // are not charged.
         batch.drop_abandoned();
         if batch.jobs.is_empty() {
-            return;
+            return ended(true);
         }
-        let jobs = &batch.jobs;
+        let (deadline, budget) = batch.deadline();
+        let (script, cmd) = batch::command(&batch.jobs);
         let mut c = conn.clone();
         let sent = async move {
-            let (script, cmd) = batch::command(jobs);
-            let reply: Vec<Value> = Call::Eval { script, cmd: &cmd }.send(&mut c).await?;
-            batch::answers(&reply, jobs).map_err(Failed::Store)
+            Call::Eval { script, cmd: &cmd }
+                .send::<Vec<Value>>(&mut c)
+                .await
         };
-        let answers = self.answer(&conn, deadline, budget, sent).await;
+        let reply = batch
+            .by_deadlines(self.answer(&conn, deadline, budget, sent))
+            .await;
+        ended(reply.as_ref().is_some_and(Result::is_ok));
+        let Some(reply) = reply else { return };
+        let answers = reply.and_then(|reply| batch::answers(&reply, &batch.jobs));
         if answers.as_ref().is_ok_and(|a| a.iter().any(is_readonly)) {
             // A demoted primary: the next connection finds the new one
             // (through Sentinel), or fails again.
             conn.close();
         }
         batch.deliver(answers);
-    }
-}
-
-/// Why a call failed: redis-rs's error, or ours (a reply of the wrong shape).
-enum Failed {
-    Redis(RedisError),
-    Store(StoreError),
-}
-
-impl From<RedisError> for Failed {
-    fn from(e: RedisError) -> Self {
-        Failed::Redis(e)
     }
 }
 
@@ -418,6 +486,9 @@ async fn run_batches(mut running: Running) {
                 }
                 take
             };
+            // Requests whose budget ran out waiting for the store are
+            // answered now and never sent.
+            batch.expire();
             if took {
                 // A batch whose callers had all given up is dropped; either
                 // way, the queue is looked at again (waiting here instead
@@ -441,55 +512,139 @@ async fn run_batches(mut running: Running) {
     }
 }
 
-/// A batch: its requests and, in the same order, where their answers go.
+/// A batch: its requests and, in the same order, where their answers go
+/// and how much of their budget is left.
 #[derive(Default)]
 struct Batch {
     jobs: Vec<Job>,
-    senders: Vec<Sender>,
+    /// `None` once the request was answered (its deadline passed).
+    senders: Vec<Option<Sender>>,
+    /// Each request's budget left when the batch was taken: its timeout,
+    /// less the time it waited for the store (see [`Batch::take`]).
+    left: Vec<Duration>,
+    /// Each request's deadline, once the batch started on the I/O thread.
+    deadlines: Vec<Instant>,
 }
 
 impl Batch {
     /// Takes the next batch off a queue: up to [`MAX_BATCH`] requests whose
     /// callers still wait (those that gave up before their batch left are
-    /// never charged). Empty if none still wait.
+    /// never charged). Empty if none still wait. While the store fails, each
+    /// request has waited for it for as long as the lane had calls out since
+    /// it queued (see [`Queue::failing`]).
     fn take(&mut self, q: &mut Queue) {
         let n = q.waiting.len().min(MAX_BATCH);
-        for (job, tx) in q.waiting.drain(..n).filter(|(_, tx)| !tx.is_closed()) {
-            self.jobs.push(job);
-            self.senders.push(tx);
+        let busy = q.busy.now(Instant::now());
+        let failing = q.failing;
+        for w in q.waiting.drain(..n).filter(|w| !w.tx.is_closed()) {
+            let waited = if failing {
+                busy.saturating_sub(w.busy_at)
+            } else {
+                Duration::ZERO
+            };
+            self.left.push(w.job.timeout.saturating_sub(waited));
+            self.jobs.push(w.job);
+            self.senders.push(Some(w.tx));
         }
     }
 
-    /// The batch's time budget: the shortest of its requests'.
-    fn budget(&self) -> Duration {
-        self.jobs
-            .iter()
-            .map(|j| j.timeout)
-            .min()
-            .unwrap_or(Duration::ZERO)
+    /// Answers, and takes out, the requests with no budget left.
+    fn expire(&mut self) {
+        for i in 0..self.jobs.len() {
+            if self.left[i].is_zero() {
+                self.timed_out(i);
+            }
+        }
+        self.drop_answered();
+    }
+
+    /// Answers request `i` with a timeout of its budget (once).
+    fn timed_out(&mut self, i: usize) {
+        if let Some(tx) = self.senders[i].take() {
+            let _ = tx.send(Err(StoreError::Timeout(self.jobs[i].timeout)));
+        }
+    }
+
+    /// Starts the requests' clocks (on the I/O thread).
+    fn start(&mut self) {
+        let now = Instant::now();
+        self.deadlines = self.left.iter().map(|left| now + *left).collect();
+    }
+
+    /// When the last request's budget runs out, and that budget.
+    fn deadline(&self) -> (Instant, Duration) {
+        let i = (0..self.deadlines.len())
+            .max_by_key(|&i| self.deadlines[i])
+            .unwrap_or(0);
+        let budget = self.jobs.get(i).map_or(Duration::ZERO, |j| j.timeout);
+        (
+            self.deadlines.get(i).copied().unwrap_or_else(Instant::now),
+            budget,
+        )
+    }
+
+    /// Waits for `fut`, answering each request with a timeout when its own
+    /// deadline passes first; `None` if every request was answered so.
+    async fn by_deadlines<T>(&mut self, fut: impl Future<Output = T>) -> Option<T> {
+        tokio::pin!(fut);
+        loop {
+            let next = self
+                .senders
+                .iter()
+                .zip(&self.deadlines)
+                .filter(|(tx, _)| tx.is_some())
+                .map(|(_, d)| *d)
+                .min()?;
+            tokio::select! {
+                biased;
+                out = &mut fut => return Some(out),
+                () = tokio::time::sleep_until(next) => {
+                    let now = Instant::now();
+                    for i in 0..self.jobs.len() {
+                        if self.deadlines[i] <= now {
+                            self.timed_out(i);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Takes out, in place and in order, the requests whose callers gave up
-    /// since the batch was taken.
+    /// since the batch was taken, or that were answered.
     fn drop_abandoned(&mut self) {
-        let open: SmallVec<[bool; MAX_BATCH]> =
-            self.senders.iter().map(|tx| !tx.is_closed()).collect();
-        let mut keep = open.iter().copied();
-        self.jobs.retain(|_| keep.next().unwrap_or(true));
-        let mut keep = open.iter().copied();
-        self.senders.retain(|_| keep.next().unwrap_or(true));
+        for tx in &mut self.senders {
+            if tx.as_ref().is_some_and(Sender::is_closed) {
+                *tx = None;
+            }
+        }
+        self.drop_answered();
     }
 
-    /// Hands each request its answer, or all of them the whole batch's error.
+    fn drop_answered(&mut self) {
+        let open: SmallVec<[bool; MAX_BATCH]> = self.senders.iter().map(Option::is_some).collect();
+        fn keep<T>(v: &mut Vec<T>, open: &[bool]) {
+            let mut keep = open.iter().copied();
+            v.retain(|_| keep.next().unwrap_or(true));
+        }
+        keep(&mut self.jobs, &open);
+        keep(&mut self.left, &open);
+        keep(&mut self.deadlines, &open);
+        self.senders.retain(Option::is_some);
+    }
+
+    /// Hands each request still waiting its answer, or the whole batch's error.
     fn deliver(self, answers: Result<Vec<JobReply>, StoreError>) {
         match answers {
             Ok(answers) => {
                 for (tx, a) in self.senders.into_iter().zip(answers) {
-                    let _ = tx.send(a);
+                    if let Some(tx) = tx {
+                        let _ = tx.send(a);
+                    }
                 }
             }
             Err(e) => {
-                for tx in self.senders {
+                for tx in self.senders.into_iter().flatten() {
                     let _ = tx.send(Err(e.clone()));
                 }
             }

@@ -449,11 +449,16 @@ impl RedisStoreBuilder {
     /// the round trip to Redis is long compared with the time Redis takes to
     /// run a batch (a distant Redis). Each connection queues at most 4,096
     /// charges; past that, a charge fails at once with
-    /// [`StoreError::Backlog`] (answered by the layer's failure policy, not
-    /// counted by its breaker) instead of piling up. An instance that gets
-    /// there asks more of Redis than one connection answers: add
-    /// connections, or shed load before the limiter with
-    /// [`LoadShedLayer`](crate::LoadShedLayer).
+    /// [`StoreError::Backlog`] (answered `503` as an overload, never
+    /// admitted without limit, and not counted by the breaker) instead of
+    /// piling up. An instance that gets there asks more of Redis than one
+    /// connection answers: add connections, or shed load before the limiter
+    /// with [`LoadShedLayer`](crate::LoadShedLayer).
+    ///
+    /// A charge's store timeout covers its wait in the queue while Redis
+    /// fails to answer (a charge whose budget ran out there is never sent),
+    /// but not its wait behind calls Redis answers: a long queue of a busy
+    /// instance decides late, it never fails open.
     ///
     /// Each lane is one multiplexed redis-rs connection: charges, refunds,
     /// status reads and concurrency slots share it, pipelined.
