@@ -231,3 +231,112 @@ async fn an_adaptive_concurrency_limit_matches_the_best_fixed_one_without_being_
     let now = adaptive.clone();
     compare("limit", fixed, limiter(adaptive), move || now.limit()).await;
 }
+
+/// Offers a fast request every 5 ms (client `fast`, each body read at once)
+/// for 12 s; from the third second to the tenth, 50 slow readers (client
+/// `slow`) also send requests in a loop and hold each response body unread
+/// for a second. Returns the limit the fast clients had found, and the
+/// mean limit from the fourth second on.
+async fn with_slow_readers(svc: Svc, now: impl Fn() -> u64 + Clone + Send + 'static) -> (u64, u64) {
+    let start = Instant::now();
+    let fast = |svc: Svc, until: Instant| async move {
+        let mut i = (Instant::now() - start).as_millis() as u64;
+        while Instant::now() < until {
+            tokio::time::sleep_until(start + Duration::from_millis(i)).await;
+            i += 5;
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let req = Request::builder()
+                    .header("x-client", "fast")
+                    .body(Empty::new())
+                    .unwrap();
+                let res = svc.oneshot(req).await.unwrap();
+                let _ = res.into_body().collect().await;
+            });
+        }
+    };
+    fast(svc.clone(), start + Duration::from_secs(2)).await;
+    let measured = now();
+    let slow_until = start + Duration::from_secs(10);
+    for _ in 0..50 {
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            while Instant::now() < slow_until {
+                let req = Request::builder()
+                    .header("x-client", "slow")
+                    .body(Empty::new())
+                    .unwrap();
+                let res = svc.clone().oneshot(req).await.unwrap();
+                let pause = match res.status() {
+                    // The head is here; the body is read only a second later.
+                    StatusCode::OK => Duration::from_secs(1),
+                    _ => Duration::from_millis(100),
+                };
+                tokio::time::sleep(pause).await;
+                drop(res);
+            }
+        });
+    }
+    let watch = {
+        let now = now.clone();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while Instant::now() < start + Duration::from_secs(12) {
+                if Instant::now() >= start + Duration::from_secs(4) {
+                    seen.push(now());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            seen
+        })
+    };
+    fast(svc, start + Duration::from_secs(12)).await;
+    let seen = watch.await.unwrap();
+    (measured, seen.iter().sum::<u64>() / seen.len() as u64)
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_readers_holding_bodies_open_move_neither_adaptive_limit() {
+    let backend = || {
+        BoxCloneService::new(service_fn(|_req: Request<Empty<Bytes>>| async {
+            tokio::time::sleep(SERVICE).await;
+            Ok::<_, BoxError>(Response::new(
+                Empty::<Bytes>::new()
+                    .map_err(|e: Infallible| -> BoxError { match e {} })
+                    .boxed_unsync(),
+            ))
+        }))
+    };
+    let concurrency = ConcurrencyLimitLayer::builder()
+        .adaptive(ADAPTIVE)
+        .key(tower_ratelimit::key::Header::try_new("x-client").unwrap())
+        .build()
+        .unwrap();
+    let now = concurrency.clone();
+    let (fast, mean) =
+        with_slow_readers(boxed(concurrency.layer(backend())), move || now.limit()).await;
+    println!("concurrency limit: {fast} from fast clients, {mean} on average with slow readers");
+    // Timed to the end of their bodies, the slow readers' seconds took it
+    // to a quarter of that (20 to 5); timed to the head, what the service
+    // took, it stays and grows: the slots they hold are not the service's.
+    assert!(
+        mean >= fast,
+        "the slow readers moved the limit: {fast} to {mean}"
+    );
+
+    let shedder = LoadShedLayer::builder()
+        .adaptive(ADAPTIVE)
+        .share(Priority::Normal, 1.0)
+        .build()
+        .unwrap();
+    let now = shedder.clone();
+    let (fast, mean) = with_slow_readers(boxed(shedder.layer(backend())), move || {
+        now.capacity().unwrap()
+    })
+    .await;
+    println!("shedder capacity: {fast} from fast clients, {mean} on average with slow readers");
+    assert!(
+        mean >= fast,
+        "the slow readers moved the capacity: {fast} to {mean}"
+    );
+}

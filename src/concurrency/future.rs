@@ -51,7 +51,13 @@ where
         // An error drops the slot with the future: it is given back.
         self.project().serve.poll_served(
             cx,
-            |res, slot| res.map(|body| GuardedBody::inner(body, slot.take().flatten())),
+            |res, slot| {
+                let mut slot = slot.take().flatten();
+                if let Some(s) = &mut slot {
+                    s.answered();
+                }
+                res.map(|body| GuardedBody::inner(body, slot))
+            },
             |res| res.map(GuardedBody::answer),
         )
     }

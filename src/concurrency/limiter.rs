@@ -75,12 +75,24 @@ struct Sample {
     in_flight: u64,
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
+impl Slot {
+    /// The inner service answered (its response head is here): an adaptive
+    /// limit learns the service's latency now, not when the client has read
+    /// the body, so slow readers cannot move it. The slot itself is held on
+    /// until the body ends.
+    pub(crate) fn answered(&mut self) {
         if let Some(s) = self.sample.take() {
             let limit = s.limit.sample(s.started.elapsed(), s.in_flight);
             self.held.metrics().limit.set(limit as f64);
         }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // No head (the service failed, or the request was dropped first):
+        // what it took until then.
+        self.answered();
     }
 }
 

@@ -50,7 +50,13 @@ where
         // On an error the admission is dropped with the future: the request is over.
         self.project().serve.poll_served(
             cx,
-            |res, admission| res.map(|body| GuardedBody::inner(body, admission.take())),
+            |res, admission| {
+                let mut admission = admission.take();
+                if let Some(a) = &mut admission {
+                    a.answered();
+                }
+                res.map(|body| GuardedBody::inner(body, admission))
+            },
             |res| res.map(GuardedBody::answer),
         )
     }

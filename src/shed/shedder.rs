@@ -156,17 +156,30 @@ pub struct Admission {
     fleet: Option<Held>,
 }
 
+impl Admission {
+    /// The inner service answered (its response head is here): an adaptive
+    /// capacity learns the service's latency now, not when the client has
+    /// read the body, so slow readers cannot move it. The request counts in
+    /// flight until its body ends.
+    pub(crate) fn answered(&mut self) {
+        if let (Some(started), Some(Capacity::Adaptive(a))) =
+            (self.started.take(), &self.shedder.capacity)
+        {
+            let in_flight = self.shedder.in_flight.load(Ordering::Acquire);
+            let limit = a.sample(started.elapsed(), in_flight);
+            self.shedder.metrics().capacity.set(limit as f64);
+        }
+    }
+}
+
 impl Drop for Admission {
     fn drop(&mut self) {
         drop(self.fleet.take());
-        let in_flight = self.shedder.in_flight.fetch_sub(1, Ordering::AcqRel);
-        let m = self.shedder.metrics();
-        m.in_flight.decrement(1);
-        if let (Some(started), Some(Capacity::Adaptive(a))) = (self.started, &self.shedder.capacity)
-        {
-            let limit = a.sample(started.elapsed(), in_flight);
-            m.capacity.set(limit as f64);
-        }
+        // No head (the service failed, or the request was dropped first):
+        // what it took until then.
+        self.answered();
+        self.shedder.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shedder.metrics().in_flight.decrement(1);
     }
 }
 
