@@ -39,18 +39,27 @@
 //! cargo run --features redis --example demo -- --store redis --fleet-shed-capacity 10
 //! ```
 //!
-//! `--admin-listen [ADDR]` serves an admin interface (loopback, no
-//! authentication) that changes the rate limit at runtime, per key; with
-//! `--store redis` the changes hold for every instance on the same Redis.
-//! It prints `admin listening on ADDR` after the first line:
+//! `--admin-listen [ADDR]` serves an admin interface (loopback by default)
+//! that changes the rate limit at runtime, per key; with `--store redis` the
+//! changes hold for every instance on the same Redis. Every request needs
+//! `Authorization: Bearer TOKEN`, with the token from `--admin-token`, else
+//! `TRL_ADMIN_TOKEN` (out of `ps`), else a random one the demo makes; and a
+//! `Host` it serves (its address, `localhost`, `127.0.0.1` or `[::1]` on its
+//! port, or an `--admin-host` name): 401 without the token, 421 for another
+//! `Host`, so that neither a cross-site page nor DNS rebinding can change a
+//! limit. It prints `admin listening on ADDR` after the first line, then
+//! `admin token TOKEN` when it made the token:
 //!
 //! ```text
+//! export TRL_ADMIN_TOKEN=$(openssl rand -hex 16)
 //! cargo run --features redis --example demo -- --store redis --key header:x-client --admin-listen
-//! curl -X PUT --data '1000/1m' http://127.0.0.1:9091/limits/acme
-//! curl http://127.0.0.1:9091/limits
-//! curl -X DELETE http://127.0.0.1:9091/limits/acme
+//! curl -H "Authorization: Bearer $TRL_ADMIN_TOKEN" -X PUT --data '1000/1m' http://127.0.0.1:9091/limits/acme
+//! curl -H "Authorization: Bearer $TRL_ADMIN_TOKEN" http://127.0.0.1:9091/limits
+//! curl -H "Authorization: Bearer $TRL_ADMIN_TOKEN" -X DELETE http://127.0.0.1:9091/limits/acme
 //! ```
 
+#[path = "common/admin_guard.rs"]
+mod admin_guard;
 #[path = "common/mod.rs"]
 mod common;
 
@@ -181,8 +190,9 @@ struct Args {
     #[arg(long, default_value = "1s", value_parser = common::parse_duration)]
     sync_interval: Duration,
     /// Serve the admin interface, which changes limits at runtime, on this
-    /// address (given without one: 127.0.0.1:9091). Keep it on loopback or
-    /// behind your own authentication. `PUT /limits/{key}` with a policy as
+    /// address (given without one: 127.0.0.1:9091). Every request needs
+    /// `Authorization: Bearer TOKEN` (see `--admin-token`) and a `Host` it
+    /// serves (see `--admin-host`). `PUT /limits/{key}` with a policy as
     /// the body (`100/1m`, `10/1s gcra burst=50, 1000/1h`), `DELETE
     /// /limits/{key}`, `GET /limits`; `PUT /shadow` runs a policy in shadow
     /// beside the default, `POST /shadow/promote` makes it the default and
@@ -191,6 +201,18 @@ struct Args {
     /// overrides live in Redis, for every instance and across restarts.
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:9091")]
     admin_listen: Option<SocketAddr>,
+    /// The admin interface's token. Without it: the `TRL_ADMIN_TOKEN`
+    /// environment variable (which `ps` does not show), else a random one,
+    /// printed once as `admin token TOKEN`.
+    #[arg(long, requires = "admin_listen")]
+    admin_token: Option<admin_guard::Token>,
+    /// A `Host` the admin interface also answers to (repeatable): `NAME` on
+    /// any port, `NAME:PORT` on that one. It always answers to its address,
+    /// `localhost`, `127.0.0.1` and `[::1]` on its port; any other `Host`
+    /// gets 421 (DNS rebinding). Listening beyond loopback, name here each
+    /// address or name clients reach it by.
+    #[arg(long, requires = "admin_listen", value_parser = admin_guard::parse_host)]
+    admin_host: Vec<admin_guard::AllowedHost>,
     /// Record each key's usage per `--window` (the last 60 windows) and
     /// serve the suggested limits at `GET /rate_limit/advice` (with
     /// `--store redis` on one Redis: for every instance on it).
@@ -582,16 +604,20 @@ fn connect_or_warn(result: Result<(), tower_ratelimit::StoreError>) {
     }
 }
 
-/// Serves the admin interface on `addr`; returns where it listens.
+/// Serves the admin interface on `addr`, behind `token` and a `Host` check;
+/// returns where it listens.
 async fn admin_server(
     addr: SocketAddr,
     limits: Limits,
+    token: admin_guard::Token,
+    hosts: &[admin_guard::AllowedHost],
 ) -> Result<SocketAddr, Box<dyn std::error::Error>> {
     if !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "the admin interface changes limits and has no authentication: it listens beyond loopback");
+        tracing::warn!(%addr, "the admin interface listens beyond loopback over plain HTTP: its token crosses the network unencrypted");
     }
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let at = listener.local_addr()?;
+    let guard = admin_guard::Guard::new(token, at, hosts);
     let app = Router::new()
         .route("/limits", get(get_limits))
         .route(
@@ -604,6 +630,12 @@ async fn admin_server(
         )
         .route("/shadow/promote", axum::routing::post(promote_shadow))
         .with_state(limits);
+    // Around the whole router, not per route: the guard answers before
+    // routing, so an unknown path or method (an OPTIONS preflight) learns
+    // nothing either.
+    let guarded = axum::middleware::from_fn_with_state(guard, admin_guard::check);
+    let app = tower::Layer::layer(&guarded, app);
+    let app = axum::ServiceExt::<Request>::into_make_service(app);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(at)
 }
@@ -777,7 +809,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let admin = match (args.admin_listen, admin) {
-        (Some(addr), Some(limits)) => Some(admin_server(addr, limits).await?),
+        (Some(addr), Some(limits)) => {
+            let (token, made) = admin_guard::Token::resolve(args.admin_token.clone())?;
+            let at = admin_server(addr, limits, token.clone(), &args.admin_host).await?;
+            // Only a token the demo made is printed: nobody else knows it.
+            Some((at, made.then_some(token)))
+        }
         (Some(_), None) => {
             return Err("--admin-listen changes the rate limit: not with --store none".into())
         }
@@ -787,8 +824,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The socket is bound and listening: connections queue from here on.
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", listener.local_addr()?)?;
-    if let Some(addr) = admin {
+    if let Some((addr, made)) = admin {
         writeln!(out, "admin listening on {addr}")?;
+        if let Some(token) = made {
+            writeln!(out, "admin token {}", token.expose())?;
+        }
     }
     out.flush()?;
     drop(out);

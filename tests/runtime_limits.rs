@@ -7,6 +7,8 @@
 //! restart, and answer a malformed override 400 without changing anything.
 #![cfg(feature = "redis")]
 
+#[path = "support/admin.rs"]
+mod admin;
 #[path = "support/example.rs"]
 mod example;
 #[path = "support/http.rs"]
@@ -14,6 +16,7 @@ mod http_support;
 #[path = "support/redis.rs"]
 mod redis_support;
 
+use admin::Admin;
 use bytes::Bytes;
 use example::Running;
 use http::{Method, Request, Response, StatusCode};
@@ -202,8 +205,9 @@ async fn the_coordinated_mode_refuses_a_runtime_quota_in_another_unit() {
 
 // The fleet: two demo instances on one Redis.
 
-/// A demo instance on `redis` with the admin interface; its admin address.
-fn instance(redis: &str) -> (Running, String) {
+/// A demo instance on `redis` with the admin interface, and the token it
+/// printed for that interface.
+fn instance(redis: &str) -> (Running, Admin) {
     let demo = Running::start(
         "demo",
         &[
@@ -225,15 +229,8 @@ fn instance(redis: &str) -> (Running, String) {
             "127.0.0.1:0",
         ],
     );
-    let line = demo
-        .stdout_rest
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the admin line");
-    let admin = line
-        .strip_prefix("admin listening on ")
-        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
-        .to_owned();
-    (demo, format!("http://{admin}"))
+    let admin = Admin::printed(&demo);
+    (demo, admin)
 }
 
 /// The `limit` a demo's `GET /rate_limit` reports for `client` (not charged).
@@ -277,9 +274,7 @@ async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a
     let (b, admin_b) = instance(&url);
     assert_eq!(limit_of(&c, &b, "alice").await, 100);
 
-    let put = c
-        .send(Method::PUT, &format!("{admin_a}/limits/alice"), "2/1h")
-        .await;
+    let put = admin_a.send(Method::PUT, "/limits/alice", "2/1h").await;
     assert_eq!(put.status, StatusCode::OK, "{}", put.body);
     assert_eq!(
         limit_of(&c, &a, "alice").await,
@@ -310,34 +305,26 @@ async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a
     );
 
     // Removed through the other instance: the default again, everywhere.
-    let del = c
-        .send(Method::DELETE, &format!("{admin_b}/limits/alice"), "")
-        .await;
+    let del = admin_b.send(Method::DELETE, "/limits/alice", "").await;
     assert_eq!(del.status, StatusCode::NO_CONTENT, "{}", del.body);
     applied_within_2s(&c, &a, "alice", 100).await;
-    let again = c
-        .send(Method::DELETE, &format!("{admin_b}/limits/alice"), "")
-        .await;
+    let again = admin_b.send(Method::DELETE, "/limits/alice", "").await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);
 
     // A malformed override: 400, and nothing changes anywhere.
-    let put = c
-        .send(Method::PUT, &format!("{admin_a}/limits/carol"), "7/1h")
-        .await;
+    let put = admin_a.send(Method::PUT, "/limits/carol", "7/1h").await;
     assert_eq!(put.status, StatusCode::OK);
-    let before = c.get(&format!("{admin_a}/limits")).await.body;
+    let before = admin_a.get("/limits").await.body;
     for bad in ["abc", "0/1m", "10/1s fast", "10/1s, 20/1s", ""] {
-        let r = c
-            .send(Method::PUT, &format!("{admin_a}/limits/carol"), bad)
-            .await;
+        let r = admin_a.send(Method::PUT, "/limits/carol", bad).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad:?}: {}", r.body);
     }
     let long = "k".repeat(MAX_OVERRIDE_KEY_LEN + 1);
-    let r = c
-        .send(Method::PUT, &format!("{admin_a}/limits/{long}"), "5/1h")
+    let r = admin_a
+        .send(Method::PUT, &format!("/limits/{long}"), "5/1h")
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
-    assert_eq!(c.get(&format!("{admin_a}/limits")).await.body, before);
+    assert_eq!(admin_a.get("/limits").await.body, before);
     assert_eq!(
         before,
         r#"{"default":null,"shadow":null,"overrides":{"carol":"7/1h"}}"#
@@ -349,31 +336,23 @@ async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a
     let (b, admin_b) = instance(&url);
     assert_eq!(limit_of(&c, &b, "carol").await, 7, "before its first poll");
     assert_eq!(
-        c.get(&format!("{admin_b}/limits")).await.body,
+        admin_b.get("/limits").await.body,
         before,
         "the restarted instance lists the same overrides"
     );
 
     // A policy in shadow, set through one instance, promoted through the
     // other: the default for every key without an override.
-    let put = c
-        .send(Method::PUT, &format!("{admin_a}/shadow"), "50/1h")
-        .await;
+    let put = admin_a.send(Method::PUT, "/shadow", "50/1h").await;
     assert_eq!(put.status, StatusCode::NO_CONTENT, "{}", put.body);
-    let bad = c
-        .send(Method::PUT, &format!("{admin_a}/shadow"), "50 an hour")
-        .await;
+    let bad = admin_a.send(Method::PUT, "/shadow", "50 an hour").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    let promoted = c
-        .send(Method::POST, &format!("{admin_b}/shadow/promote"), "")
-        .await;
+    let promoted = admin_b.send(Method::POST, "/shadow/promote", "").await;
     assert_eq!(promoted.status, StatusCode::NO_CONTENT, "{}", promoted.body);
     applied_within_2s(&c, &a, "dave", 50).await;
     assert_eq!(limit_of(&c, &b, "dave").await, 50);
     assert_eq!(limit_of(&c, &a, "carol").await, 7, "overrides stay");
-    let again = c
-        .send(Method::POST, &format!("{admin_a}/shadow/promote"), "")
-        .await;
+    let again = admin_a.send(Method::POST, "/shadow/promote", "").await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);
     assert!(a.terminate().success());
     assert!(b.terminate().success());

@@ -37,8 +37,16 @@ pub struct Running {
 impl Running {
     /// Starts `name` with `args` and waits for its one `listening on ADDR` line.
     pub fn start(name: &str, args: &[&str]) -> Running {
+        Self::start_with_env(name, args, &[])
+    }
+
+    /// [`Running::start`] with `env` added to the environment.
+    pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Running {
         let mut child = Command::new(example_path(name))
             .args(args)
+            // The demo's admin token is the test's to choose, not the shell's.
+            .env_remove("TRL_ADMIN_TOKEN")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -121,11 +121,23 @@ impl HttpClient {
 
     /// Any method, with `body`.
     pub async fn send(&self, method: Method, url: &str, body: &str) -> Reply {
-        let req = Request::builder()
-            .method(method)
-            .uri(url)
-            .body(Full::new(Bytes::from(body.to_owned())))
-            .unwrap();
+        self.send_with(method, url, &[], body).await
+    }
+
+    /// Any method, with `headers` (a `Host` among them replaces the URL's)
+    /// and `body`.
+    pub async fn send_with(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        let mut req = Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
         read(self.with_body.request(req).await.unwrap()).await
     }
 }
