@@ -1,5 +1,9 @@
-//! gRPC answers: a request with `content-type: application/grpc*` is rejected
-//! with a gRPC status, not an HTTP status, so gRPC clients can read it.
+//! gRPC answers: a gRPC call (HTTP/2 with `content-type: application/grpc*`)
+//! is rejected with a gRPC status, not an HTTP status, so gRPC clients can
+//! read it. A request of another HTTP version gets the plain HTTP answer,
+//! whatever its content type: a REST route's 429 is never turned into a
+//! `200` a client could take for content. Every limiter answer, in either
+//! form, carries `Cache-Control: no-store`.
 //!
 //! A rejection is HTTP 200 with `grpc-status: 8` (`RESOURCE_EXHAUSTED`), a
 //! `grpc-message`, the rate-limit headers as response metadata, and the retry
@@ -40,12 +44,24 @@ pub const INTERNAL: i32 = 13;
 /// `grpc-status` `UNAVAILABLE`: the limiter's store failed and the layer fails closed.
 pub const UNAVAILABLE: i32 = 14;
 
-/// Whether the request is a gRPC call (`content-type: application/grpc`, `+proto`, …).
+/// Whether the request is a gRPC call: HTTP/2 (gRPC runs on nothing else)
+/// with `content-type: application/grpc` (or `+proto`, …).
+///
+/// ```
+/// use tower_ratelimit::grpc;
+/// let call = |version| {
+///     let req = http::Request::builder().version(version).header("content-type", "application/grpc");
+///     req.body(()).unwrap().into_parts().0
+/// };
+/// assert!(grpc::is_grpc(&call(http::Version::HTTP_2)));
+/// assert!(!grpc::is_grpc(&call(http::Version::HTTP_11)));
+/// ```
 pub fn is_grpc(parts: &Parts) -> bool {
-    parts
-        .headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    parts.version == http::Version::HTTP_2
+        && parts
+            .headers
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The `grpc-status` in a response head (trailers-only responses carry it there).

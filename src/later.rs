@@ -167,7 +167,12 @@ where
                     return Poll::Ready(Ok(inner(res, this.kept)));
                 }
                 StateProj::Answered { res } => {
-                    let res = res.take().expect("polled after completion");
+                    let mut res = res.take().expect("polled after completion");
+                    // A limiter's answer describes this moment, never content:
+                    // no cache may keep it (a custom answer may say otherwise).
+                    res.headers_mut()
+                        .entry(http::header::CACHE_CONTROL)
+                        .or_insert(http::HeaderValue::from_static("no-store"));
                     return Poll::Ready(Ok(answered(res)));
                 }
             }

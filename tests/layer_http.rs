@@ -840,6 +840,7 @@ async fn a_grpc_answer_is_headers_only_in_either_body_mode() {
     use http_body::Body as _;
     let grpc = || {
         http::Request::post("/")
+            .version(http::Version::HTTP_2)
             .header("content-type", "application/grpc")
             .body(axum::body::Body::empty())
             .unwrap()
@@ -853,9 +854,71 @@ async fn a_grpc_answer_is_headers_only_in_either_body_mode() {
     for res in [&w, &n] {
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.headers()["grpc-status"], "8");
+        assert_eq!(res.headers()["cache-control"], "no-store");
         assert!(res.body().is_end_stream());
         assert_eq!(res.body().size_hint().exact(), Some(0));
     }
+}
+
+/// A REST route called over HTTP/1.1 with a gRPC content type (a client's
+/// choice) gets the plain answers: a 429, a 400 for a missing key, a 503
+/// from an overloaded or failing store, never an HTTP 200 that could be
+/// taken for content. Every answer of each limiter says `no-store`.
+#[tokio::test]
+async fn over_http_1_a_grpc_content_type_gets_plain_answers_and_every_answer_is_no_store() {
+    let rest = || {
+        http::Request::post("/")
+            .header("content-type", "application/grpc")
+            .header("x-client", "c")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let post = || Router::new().route("/", axum::routing::post(|| async { "ok" }));
+    let app = post().layer(one_a_minute());
+    app.clone().oneshot(rest()).await.unwrap();
+    let res = app.oneshot(rest()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    assert!(!res.headers().contains_key("grpc-status"));
+
+    let keyed = post().layer(
+        RateLimitLayer::builder()
+            .quota(Quota::new(1, Duration::from_secs(60)).unwrap())
+            .key(tower_ratelimit::key::Header::try_new("x-missing").unwrap())
+            .build()
+            .unwrap(),
+    );
+    let res = keyed.oneshot(rest()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+
+    let concurrency = post().layer(
+        tower_ratelimit::concurrency::ConcurrencyLimitLayer::builder()
+            .limit(1)
+            .build()
+            .unwrap(),
+    );
+    let held = concurrency.clone().oneshot(rest()).await.unwrap();
+    let res = concurrency.oneshot(rest()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    drop(held);
+
+    let shed = post().layer(
+        tower_ratelimit::shed::LoadShedLayer::builder()
+            .capacity(10)
+            .build()
+            .unwrap(),
+    );
+    // Normal traffic's room: floor(0.9 × 10) = 9.
+    let mut held = Vec::new();
+    for _ in 0..9 {
+        held.push(shed.clone().oneshot(rest()).await.unwrap());
+    }
+    let res = shed.oneshot(rest()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    drop(held);
 }
 
 /// What a handler reads of its request's charge: each quota's limit and
