@@ -133,8 +133,18 @@ async fn a_15x_surge_behind_a_random_balancer_holds_the_limit_and_drops_little_a
 /// wobbles around its share from one interval to the next, and one under
 /// its share cannot lend the rest to one over it; the fleet's admitted
 /// count shows the shortfall, and the allowances are raised to make it up.
+///
+/// Six paced clients (10/s each) that send to the instances in turn are
+/// how four real demo processes were measured: started together, each
+/// round of six requests lands on one instance at once, so each instance
+/// gets a burst of six every 400 ms. A burst of six meets a local budget
+/// that holds five (its floor), and the refill over the 400 ms gap is
+/// more than the budget holds, so an instance spends only part of its
+/// allowance. Without the correction the real processes admitted 34 to 36
+/// a second and this simulation 35 to 36, where the same load spread
+/// evenly over each second showed no shortfall.
 #[tokio::test]
-async fn low_rates_with_a_500ms_interval_admit_the_limit_within_5_percent_behind_either_balancer_in_each_of_10_runs(
+async fn low_rates_with_a_500ms_interval_admit_the_limit_within_5_percent_behind_either_balancer_and_from_paced_clients_in_each_of_10_runs(
 ) {
     if !require_redis() {
         return;
@@ -145,12 +155,26 @@ async fn low_rates_with_a_500ms_interval_admit_the_limit_within_5_percent_behind
     // limiter (its name comes from its start).
     let base = SystemClock.now_ms() / 1000 * 1000;
     let mut failed = Vec::new();
-    for (b, name) in ["round robin", "random"].into_iter().enumerate() {
+    let patterns = [
+        "round robin",
+        "random",
+        "6 paced clients in step",
+        "6 paced clients at random phases",
+    ];
+    for (b, name) in patterns.into_iter().enumerate() {
         let mut means = Vec::new();
         for seed in 0..10u64 {
             let balancer = match b {
                 0 => Balancer::RoundRobin,
-                _ => Balancer::Random(seed),
+                1 => Balancer::Random(seed),
+                2 => Balancer::Paced {
+                    clients: 6,
+                    phases: None,
+                },
+                _ => Balancer::Paced {
+                    clients: 6,
+                    phases: Some(seed),
+                },
             };
             let start = base + 2000 * b as u64 + seed * 137;
             let interval = Duration::from_millis(500);

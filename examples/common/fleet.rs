@@ -1,9 +1,10 @@
 //! A simulated fleet: N rate limit layers in one process, one shared
 //! `ManualClock`, a balancer spreading each second's requests over the
-//! instances millisecond by millisecond, and each instance syncing at its
-//! own phase of the interval's middle half, as the mode's background task
-//! does. `examples/simulate.rs` and the coordinated-mode tests run
-//! it.
+//! instances millisecond by millisecond (or paced clients, each sending
+//! to the instances in turn, as a simple load generator does), and each
+//! instance syncing at its own phase of the interval's middle half, as
+//! the mode's background task does. `examples/simulate.rs` and the
+//! coordinated-mode tests run it.
 #![allow(dead_code)]
 
 use axum::body::Body;
@@ -22,6 +23,12 @@ pub enum Balancer {
     RoundRobin,
     /// Uniformly at random, from this seed.
     Random(u64),
+    /// `clients` paced clients, each sending its part of the offered load
+    /// at a fixed period and to the instances in turn, starting with the
+    /// first, as a simple load generator does: with `phases: None` all
+    /// start at the same moment (so each round of requests lands on one
+    /// instance at once), else at phases drawn from this seed.
+    Paced { clients: usize, phases: Option<u64> },
 }
 
 /// The header the simulated clients' keys travel in.
@@ -49,6 +56,11 @@ pub struct Fleet {
     next_key: usize,
     /// Admitted per key in the last second.
     by_key: Vec<u64>,
+    /// Milliseconds since the fleet started.
+    elapsed: u64,
+    /// Paced clients: when each one's next request is due (ms since the
+    /// start) and how many it sent.
+    clients: Vec<(f64, u64)>,
 }
 
 impl Fleet {
@@ -69,8 +81,15 @@ impl Fleet {
             syncs[interval_ms / 4 + i * interval_ms / (2 * n.max(1))].push(i);
         }
         let seed = match balancer {
-            Balancer::Random(seed) => seed,
-            Balancer::RoundRobin => 0,
+            Balancer::Random(seed)
+            | Balancer::Paced {
+                phases: Some(seed), ..
+            } => seed,
+            Balancer::RoundRobin | Balancer::Paced { phases: None, .. } => 0,
+        };
+        let clients = match balancer {
+            Balancer::Paced { clients, .. } => clients.max(1),
+            _ => 0,
         };
         Self {
             layers,
@@ -82,6 +101,8 @@ impl Fleet {
             next: 0,
             next_key: 0,
             by_key: vec![0; keys.max(1)],
+            elapsed: 0,
+            clients: vec![(0.0, 0); clients],
         }
     }
 
@@ -100,27 +121,62 @@ impl Fleet {
     }
 
     /// Offers `offered` requests over one simulated second, spread evenly
-    /// over its milliseconds; returns how many were admitted.
+    /// over its milliseconds (paced clients: each client's part at its own
+    /// period and phase); returns how many were admitted.
     pub async fn second(&mut self, offered: u64) -> u64 {
         let mut admitted = 0;
         self.by_key.iter_mut().for_each(|n| *n = 0);
+        if self.elapsed == 0 {
+            self.place_clients(offered);
+        }
         for ms in 0..1000u64 {
-            let now = offered * (ms + 1) / 1000 - offered * ms / 1000;
-            for _ in 0..now {
-                admitted += u64::from(self.request().await);
+            if self.clients.is_empty() {
+                let now = offered * (ms + 1) / 1000 - offered * ms / 1000;
+                for _ in 0..now {
+                    let i = match self.balancer {
+                        Balancer::Random(_) => self.rng.usize(..self.layers.len()),
+                        _ => self.next % self.layers.len(),
+                    };
+                    self.next += 1;
+                    admitted += u64::from(self.request(i).await);
+                }
+            } else {
+                // Each client sends its part of the load at its own pace,
+                // its k-th request to instance k.
+                let period = 1000.0 * self.clients.len() as f64 / offered.max(1) as f64;
+                for c in 0..self.clients.len() {
+                    if offered == 0 {
+                        self.clients[c].0 = self.clients[c].0.max(self.elapsed as f64);
+                        continue;
+                    }
+                    while self.clients[c].0 <= self.elapsed as f64 {
+                        let sent = self.clients[c].1;
+                        self.clients[c] = (self.clients[c].0 + period, sent + 1);
+                        let i = (sent % self.layers.len() as u64) as usize;
+                        admitted += u64::from(self.request(i).await);
+                    }
+                }
             }
             self.clock.advance(Duration::from_millis(1));
+            self.elapsed += 1;
             self.sync_due().await;
         }
         admitted
     }
 
-    async fn request(&mut self) -> bool {
-        let i = match self.balancer {
-            Balancer::RoundRobin => self.next % self.layers.len(),
-            Balancer::Random(_) => self.rng.usize(..self.layers.len()),
+    /// The paced clients' first requests, within one period of the first
+    /// second's pace: all at once, or at drawn phases.
+    fn place_clients(&mut self, offered: u64) {
+        let Balancer::Paced { phases, .. } = self.balancer else {
+            return;
         };
-        self.next += 1;
+        let period = 1000 * self.clients.len() as u64 / offered.max(1);
+        for c in &mut self.clients {
+            c.0 = phases.map_or(0, |_| self.rng.u64(0..period.max(1))) as f64;
+        }
+    }
+
+    async fn request(&mut self, i: usize) -> bool {
         // Keys in turn per round of instances, so every instance sees every key.
         let k = (self.next_key / self.layers.len()) % self.keys.len();
         let key = &self.keys[k];
