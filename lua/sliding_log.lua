@@ -8,10 +8,17 @@
 -- one member "<ms>:<cost>" per millisecond with a charge, scored by its ms.
 -- An entry at t counts while t > now - window. Rejections write nothing:
 -- expired entries are removed (and the total lowered) on the next admission.
--- Reply block: {live total, newest entry ms (0: none), k, t_1, c_1, .., t_k, c_k}:
--- the k oldest live entries, only when this quota rejects (k = 0 otherwise),
--- as many as the retry computation needs.
+-- Reply block: {live total, newest entry ms (0: none), retry at}: when
+-- this quota admits the cost asked, only when it rejects it (0 otherwise).
+-- The retry is found by walking the oldest live entries with a score
+-- cursor, at most SL_MAX_WALK of them; past that it is when the newest
+-- entry slides out (later than the truth, never earlier). So a rejection's
+-- work and reply are bounded, whatever the log holds (twin of `retry_at` in
+-- src/algorithm/sliding_log.rs).
 local sliding_log = {suffixes = {'n'}, log = true}
+
+-- The most entries a rejection walks (MAX_WALK in src/algorithm/sliding_log.rs).
+local SL_MAX_WALK = 256
 
 local function entry_cost(member)
   return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
@@ -42,29 +49,33 @@ function sliding_log.fits(q, st, cost)
   return cost <= q.a and st.total + cost <= q.a
 end
 
--- Appends the reply block; on a rejection by this quota, the oldest live
--- entries until enough of them would have slid out to admit `cost`.
+-- Appends the reply block; on a rejection by this quota, when enough of
+-- the oldest live entries will have slid out to admit `cost`.
 function sliding_log.reply(q, st, cost, out)
-  push(out, st.total, st.newest or 0)
-  local k_at = #out + 1
-  out[k_at] = 0
-  if sliding_log.fits(q, st, cost) or cost > q.a then return end
-  local need = st.total + cost - q.a
-  local freed, k, offset = 0, 0, 0
-  while freed < need do
-    local batch = redis.call('ZRANGEBYSCORE', q.key, '(' .. string.format('%d', st.cutoff), '+inf',
-      'WITHSCORES', 'LIMIT', offset, 64)
-    if #batch == 0 then break end
-    for j = 1, #batch, 2 do
-      local c = entry_cost(batch[j])
-      push(out, tonumber(batch[j + 1]), c)
-      k = k + 1
-      freed = freed + c
-      if freed >= need then break end
+  local retry = 0
+  if not sliding_log.fits(q, st, cost) and cost <= q.a then
+    retry = st.newest and st.newest + q.b or st.cutoff + q.b
+    local need = st.total + cost - q.a
+    local freed, walked, found = 0, 0, false
+    -- Entries are one per ms: an exclusive score cursor never repeats one.
+    local cursor = '(' .. string.format('%d', st.cutoff)
+    while not found and walked < SL_MAX_WALK do
+      local batch = redis.call('ZRANGEBYSCORE', q.key, cursor, '+inf', 'WITHSCORES',
+        'LIMIT', 0, math.min(64, SL_MAX_WALK - walked))
+      if #batch == 0 then break end
+      for j = 1, #batch, 2 do
+        walked = walked + 1
+        freed = freed + entry_cost(batch[j])
+        if freed >= need then
+          retry = tonumber(batch[j + 1]) + q.b
+          found = true
+          break
+        end
+      end
+      cursor = '(' .. batch[#batch]
     end
-    offset = offset + 64
   end
-  out[k_at] = k
+  push(out, st.total, st.newest or 0, retry)
 end
 
 function sliding_log.write(q, st, cost, now, set)

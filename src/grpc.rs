@@ -192,18 +192,26 @@ mod tests {
     }
 
     #[test]
-    fn grpc_is_recognised_by_content_type() {
+    fn grpc_is_recognised_by_content_type_over_http_2() {
         let (p, ()) = http::Request::builder()
+            .version(http::Version::HTTP_2)
             .header("content-type", "application/grpc+proto")
             .body(())
             .unwrap()
             .into_parts();
         assert!(is_grpc(&p));
         let (p, ()) = http::Request::builder()
+            .version(http::Version::HTTP_2)
             .header("content-type", "application/json")
             .body(())
             .unwrap()
             .into_parts();
         assert!(!is_grpc(&p));
+        let (p, ()) = http::Request::builder()
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(!is_grpc(&p), "HTTP/1.1 carries no gRPC");
     }
 }

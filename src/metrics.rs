@@ -64,6 +64,9 @@ pub(crate) struct Series {
     /// Whether its decisions are counted here (`{prefix}_decisions_total`,
     /// `{prefix}_shadow_rejections_total`), rather than by the middleware.
     decisions: bool,
+    /// Whether it queues charges that may overflow
+    /// (`{prefix}_decisions_total{outcome="overloaded"}`).
+    overloads: bool,
 }
 
 /// The rate limiter's series.
@@ -75,6 +78,7 @@ pub(crate) const RATE_LIMIT: Series = Series {
     deny_cache: true,
     in_flight: false,
     decisions: true,
+    overloads: true,
 };
 
 /// The concurrency limiter's series.
@@ -86,6 +90,7 @@ pub(crate) const CONCURRENCY: Series = Series {
     deny_cache: false,
     in_flight: true,
     decisions: true,
+    overloads: false,
 };
 
 /// The fleet load shedder's store series: its decisions are counted per
@@ -98,6 +103,7 @@ pub(crate) const FLEET_SHED: Series = Series {
     deny_cache: false,
     in_flight: false,
     decisions: false,
+    overloads: false,
 };
 
 /// Handles shared by the store-backed limiters (the rate limiter and the
@@ -151,7 +157,11 @@ impl StoreMetrics {
             rejected: decision("rejected"),
             exempt: decision("exempt"),
             key_error: decision("key_error"),
-            overloaded: decision("overloaded"),
+            overloaded: if series.overloads {
+                decision("overloaded")
+            } else {
+                Counter::noop()
+            },
             shadow_rejected: if series.decisions {
                 counter!(format!("{p}_shadow_rejections_total"), "limiter" => l.clone())
             } else {
@@ -251,6 +261,7 @@ mod tests {
                 "ratelimit_decisions_total{outcome=allowed}",
                 "ratelimit_decisions_total{outcome=exempt}",
                 "ratelimit_decisions_total{outcome=key_error}",
+                "ratelimit_decisions_total{outcome=overloaded}",
                 "ratelimit_decisions_total{outcome=rejected}",
                 "ratelimit_deny_cache_hits_total{}",
                 "ratelimit_refunds_total{result=failed}",

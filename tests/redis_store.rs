@@ -573,3 +573,114 @@ async fn an_evicting_redis_is_reported_and_refused_in_strict_mode() {
         other => panic!("strict mode used an evicting Redis: {other:?}"),
     }
 }
+
+/// Bytes Redis sent clients while `f` ran, less what one `INFO stats` reply
+/// (the measurement's own) takes.
+fn bytes_sent(server: &RedisServer, f: impl FnOnce()) -> i64 {
+    let out = || -> i64 {
+        server.info_section("stats")["total_net_output_bytes"]
+            .parse()
+            .unwrap()
+    };
+    let (a, b) = (out(), out());
+    let info = b - a;
+    f();
+    out() - b - info
+}
+
+/// A sliding log holding 10,000 entries (10,000 per hour, one per ms), then
+/// the calls that used to walk it page by page and send it back: a
+/// rejection at a cost of 10,000, a rejection after the limit was lowered
+/// to 100, and a status read. Each now costs Redis under a millisecond and
+/// answers under a kilobyte, and each decides as the memory store does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_sliding_log_costs_a_bounded_call_and_a_small_reply_for_every_rejection_and_read() {
+    if !require_redis() {
+        return;
+    }
+    let server = RedisServer::start();
+    let redis = RedisStore::new(server.url()).unwrap();
+    let memory = tower_ratelimit::store::MemoryStore::new();
+    let (ns, key) = (Namespace::new("full-log"), Key::new("client"));
+    let log = |limit| {
+        Policy::new(
+            Quota::new(limit, Duration::from_secs(3600))
+                .unwrap()
+                .with_algorithm(tower_ratelimit::Algorithm::SlidingLog)
+                .unwrap(),
+        )
+    };
+    let full = log(10_000);
+    let t0 = SystemClock.now_ms();
+    let call = |policy, cost, now_ms| Charge {
+        namespace: &ns,
+        key: &key,
+        policy,
+        cost,
+        units: cost,
+        now_ms,
+        timeout: Duration::from_secs(5),
+    };
+    for chunk in (0..10_000u64).collect::<Vec<_>>().chunks(500) {
+        let calls: Vec<_> = chunk.iter().map(|i| call(&full, 1, t0 + i)).collect();
+        for d in futures_util::future::join_all(calls.iter().map(|c| redis.charge(c))).await {
+            assert!(d.unwrap().is_allowed());
+        }
+        for c in &calls {
+            assert!(memory.charge(c).await.unwrap().is_allowed());
+        }
+    }
+    let now = t0 + 10_000;
+    // The status script loaded (a first call meets NOSCRIPT and loads it).
+    let other = Key::new("other");
+    redis
+        .status(&Charge {
+            key: &other,
+            ..call(&full, 0, now)
+        })
+        .await
+        .unwrap();
+    let lowered = log(100);
+    for (what, policy, cost) in [
+        ("a rejection at a cost of 10,000", &full, 10_000),
+        (
+            "a rejection after the limit was lowered to 100",
+            &lowered,
+            1,
+        ),
+        ("a status read", &full, 0),
+    ] {
+        server.config_resetstat();
+        let status = what == "a status read";
+        let c = call(policy, cost, now);
+        let mut from_redis = None;
+        let sent = bytes_sent(&server, || {
+            from_redis = Some(tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(async {
+                    if status {
+                        redis.status(&c).await
+                    } else {
+                        redis.charge(&c).await
+                    }
+                })
+            }));
+        });
+        let from_redis = from_redis.unwrap().unwrap();
+        let from_memory = match status {
+            true => memory.status(&c).await,
+            false => memory.charge(&c).await,
+        }
+        .unwrap();
+        assert_eq!(
+            from_redis, from_memory,
+            "{what}: as the memory store decides"
+        );
+        assert_eq!(from_redis.is_allowed(), status, "{what}");
+        let stats = server.command_stats("evalsha").unwrap();
+        let usec = stats.usec / stats.calls.max(1);
+        println!("{what}: {usec} µs of Redis time, a {sent}-byte reply");
+        assert_eq!(stats.calls, 1, "{what}");
+        assert!(usec < 1_000, "{what}: {usec} µs");
+        assert!(sent < 1_024, "{what}: {sent} bytes");
+    }
+}

@@ -6,9 +6,12 @@
 //! the cap [`MAX_SLIDING_LOG_LIMIT`](crate::quota::MAX_SLIDING_LOG_LIMIT).
 //!
 //! The decision needs only the live total, the newest entry (for the reset)
-//! and, on a rejection, the oldest entries up to the one whose expiry makes
-//! room (for the retry). `lua/sliding_log.lua` returns exactly that, and
-//! both stores run [`charge`] on it.
+//! and, on a rejection, when the oldest entries will have slid out far
+//! enough to make room (for the retry): found by walking at most
+//! [`MAX_WALK`] of them, oldest first, and past that taken as when the
+//! newest slides out (later than the truth, never earlier), so no rejection
+//! costs more than a bounded walk. `lua/sliding_log.lua` computes the same
+//! three numbers in Redis, and both stores decide on them ([`decide`]).
 
 use super::{add_capped, Ask};
 use crate::decision::QuotaStatus;
@@ -98,14 +101,53 @@ impl Log {
     }
 }
 
+/// The most live entries a rejection walks to find its retry (twin of
+/// `SL_MAX_WALK` in `lua/sliding_log.lua`).
+pub(crate) const MAX_WALK: usize = 256;
+
+/// When `need` more units fit: when enough of the live entries (oldest
+/// first) have slid out of the window, looking at [`MAX_WALK`] of them at
+/// most; else when the newest has (at `now` without one).
+pub(crate) fn retry_at(
+    need: u64,
+    newest: Option<u64>,
+    oldest_first: impl IntoIterator<Item = (u64, u64)>,
+    window_ms: u64,
+    now: u64,
+) -> u64 {
+    let mut freed = 0;
+    for (t, c) in oldest_first.into_iter().take(MAX_WALK) {
+        freed += c;
+        if freed >= need {
+            return t + window_ms;
+        }
+    }
+    newest.map_or(now, |t| t + window_ms)
+}
+
 /// Decides `ask.fit` on a log read at `now`: `total` of the live entries,
-/// `newest` entry time, and live entries oldest first (enough of them to
-/// find the retry when rejected). Returns the status; the caller records
+/// `newest` entry time, and live entries oldest first (for the retry when
+/// rejected, see [`retry_at`]). Returns the status; the caller records
 /// `ask.charge` at `now` if the whole policy admits it.
 pub(crate) fn charge(
     total: u64,
     newest: Option<u64>,
     oldest_first: impl IntoIterator<Item = (u64, u64)>,
+    limit: u64,
+    window_ms: u64,
+    now: u64,
+    ask: Ask,
+) -> QuotaStatus {
+    let retry = |need| retry_at(need, newest, oldest_first, window_ms, now);
+    decide(total, newest, retry, limit, window_ms, now, ask)
+}
+
+/// [`charge`] with the retry found by `retry_at(need)` (the Redis script's
+/// answer, or a walk of the log here).
+pub(crate) fn decide(
+    total: u64,
+    newest: Option<u64>,
+    retry_at: impl FnOnce(u64) -> u64,
     limit: u64,
     window_ms: u64,
     now: u64,
@@ -126,17 +168,7 @@ pub(crate) fn charge(
         0
     } else {
         // Wait until enough of the oldest entries have slid out.
-        let need = total + cost - limit;
-        let mut freed = 0;
-        let mut at = reset(newest);
-        for (t, c) in oldest_first {
-            freed += c;
-            if freed >= need {
-                at = t + window_ms;
-                break;
-            }
-        }
-        at - now
+        retry_at(total + cost - limit).saturating_sub(now)
     };
     QuotaStatus {
         limit,

@@ -72,7 +72,8 @@ enum Read {
     Log {
         total: u64,
         newest: Option<u64>,
-        head: SmallVec<[(u64, u64); 8]>,
+        /// When this quota admits the request asked (0: it does now, or never).
+        retry_at: u64,
     },
 }
 
@@ -110,22 +111,14 @@ fn read_block(q: &Quota, r: &[i64]) -> Option<(Read, usize)> {
             })),
             3,
         ),
-        Algorithm::SlidingLog => {
-            let k = usize::try_from(at(2)?).ok()?;
-            let pairs = r.get(3..3 + 2 * k)?;
-            let pairs: SmallVec<[u64; 16]> = pairs
-                .iter()
-                .map(|v| u64::try_from(*v).ok())
-                .collect::<Option<_>>()?;
-            (
-                Read::Log {
-                    total: at(0)?,
-                    newest: Some(at(1)?).filter(|t| *t > 0),
-                    head: pairs.chunks(2).map(|p| (p[0], p[1])).collect(),
-                },
-                3 + 2 * k,
-            )
-        }
+        Algorithm::SlidingLog => (
+            Read::Log {
+                total: at(0)?,
+                newest: Some(at(1)?).filter(|t| *t > 0),
+                retry_at: at(2)?,
+            },
+            3,
+        ),
     })
 }
 
@@ -139,12 +132,12 @@ fn replay(q: &Quota, read: Read, now: u64, ask: Option<Ask>) -> QuotaStatus {
         Read::Log {
             total,
             newest,
-            head,
+            retry_at,
         } => {
-            let st = sliding_log::charge(
+            let st = sliding_log::decide(
                 total,
                 newest,
-                head,
+                |_| retry_at,
                 q.limit(),
                 q.window_ms(),
                 now,
