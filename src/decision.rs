@@ -43,9 +43,10 @@ pub struct QuotaStatus {
 }
 
 impl QuotaStatus {
-    /// Units spent in the current window (`limit - remaining`).
+    /// Units spent in the current window (`limit - remaining`; 0 when a
+    /// store reports more remaining than the limit).
     pub fn used(&self) -> u64 {
-        self.limit - self.remaining
+        self.limit.saturating_sub(self.remaining)
     }
 
     /// The status once `cost` of this charge is given back: the cost comes
@@ -203,6 +204,16 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn used_never_underflows_when_a_store_reports_more_remaining_than_the_limit() {
+        let odd = QuotaStatus {
+            limit: 5,
+            remaining: 9,
+            ..QuotaStatus::default()
+        };
+        assert_eq!(odd.used(), 0);
+    }
 
     #[test]
     fn a_refund_restores_the_reset_before_the_charge_only_when_there_is_one() {

@@ -1038,3 +1038,28 @@ async fn a_quota_in_content_bytes_spends_each_uploads_size_and_names_its_unit_in
         r.body
     );
 }
+
+/// A client that makes every response free (`If-None-Match: *` against an
+/// endpoint answering 304) gets, per window, the quota's limit of free
+/// responses; past that its 304s are charged, and then refused.
+#[tokio::test]
+async fn a_client_farming_304s_gets_the_quota_s_limit_free_then_pays_for_them() {
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::new(5, Duration::from_secs(60)).unwrap())
+        .key(Global)
+        .build()
+        .unwrap();
+    let http = TestServer::start(app().layer(layer)).await;
+    let c = HttpClient::new();
+    let mut seen = Vec::new();
+    for _ in 0..15 {
+        let r = c
+            .get_with(&http.url("/not-modified"), &[("if-none-match", b"*")])
+            .await;
+        seen.push((r.status.as_u16(), r.header_u64("x-ratelimit-remaining")));
+    }
+    let free = [(304, 5); 5];
+    let charged = [(304, 4), (304, 3), (304, 2), (304, 1), (304, 0)];
+    let refused = [(429, 0); 5];
+    assert_eq!(seen, [&free[..], &charged[..], &refused[..]].concat());
+}

@@ -481,6 +481,50 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
     assert_eq!(count.as_string(), "4096");
 }
 
+/// A shadow policy's charges (no request waits for them) take at most an
+/// eighth of a connection's queue: past 512 waiting, one is refused at
+/// once, while the charges requests wait for still queue.
+#[tokio::test]
+async fn shadow_charges_take_an_eighth_of_the_queue_at_most() {
+    let Some((server, store, now)) = started().await else {
+        return;
+    };
+    let (ns, p) = (Namespace::new("shadowed"), fixed(1_000_000));
+    let key = Key::new("busy");
+    let call = |k| Charge {
+        namespace: &ns,
+        key: k,
+        policy: &p,
+        cost: 1,
+        units: 1,
+        now_ms: now,
+        timeout: Duration::from_secs(10),
+    };
+    // The connection just used (one idle for a second is checked first).
+    store.charge(&call(&key)).await.unwrap();
+    server.pause();
+    // Four batches of 64 go out; 744 wait, more than an eighth of 4,096.
+    let calls: Vec<_> = (0..1_000).map(|_| call(&key)).collect();
+    let mut waiting: futures_util::stream::FuturesUnordered<_> =
+        calls.iter().map(|c| store.charge(c)).collect();
+    // Queue them (a first poll submits each): Redis answers none yet.
+    let next = tokio::time::timeout(
+        Duration::from_millis(100),
+        futures_util::StreamExt::next(&mut waiting),
+    );
+    assert!(next.await.is_err(), "all queued, none answered");
+    let shadow = store.charge_shadow(&call(&key)).await.unwrap_err();
+    assert_eq!(shadow.kind(), "backlog", "{shadow}");
+    let another = tokio::spawn(store.charge(&call(&key)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!another.is_finished(), "a request's charge still queues");
+    server.resume();
+    assert!(another.await.unwrap().unwrap().is_allowed());
+    while let Some(r) = futures_util::StreamExt::next(&mut waiting).await {
+        assert!(r.unwrap().is_allowed());
+    }
+}
+
 #[test]
 fn a_runtime_shut_down_mid_batch_leaves_the_store_usable_from_another() {
     let Some((server, store, now)) = cold() else {

@@ -527,3 +527,36 @@ async fn a_rejection_decided_under_limits_changed_meanwhile_is_not_cached() {
     // Were the third's rejection cached, this one would be refused from it.
     assert_eq!(statuses(&layer, "acme", 3).await, ok_then_429(2, 3, "5"));
 }
+
+/// More overrides in Redis than a layer takes (written by hand, or by
+/// another version): the layer reads at most `MAX_OVERRIDES` of them, as it
+/// holds a change to, and the rest are left out.
+#[tokio::test]
+async fn shared_limits_read_from_redis_hold_at_most_max_overrides() {
+    use tower_ratelimit::rate::{SharedLimits, MAX_OVERRIDES};
+    use tower_ratelimit::store::{Namespace, RedisStore};
+    if !require_redis() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let store = RedisStore::new(redis.url()).unwrap();
+    let hash = format!(
+        "{}:limits",
+        store.redis_key(&Namespace::new("default"), &Key::composite(&[]))
+    );
+    let mut hset = vec!["HSET".to_owned(), hash];
+    for i in 0..=MAX_OVERRIDES {
+        hset.push(format!("key:tenant-{i}"));
+        hset.push("3/1h".to_owned());
+    }
+    assert_eq!(redis.cmd(&hset).as_int(), MAX_OVERRIDES as i64 + 1);
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
+        .key(Header::try_new("x-tenant").unwrap())
+        .store(store.clone())
+        .shared_limits(SharedLimits::new(store).timeout(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    layer.connect().await.unwrap();
+    assert_eq!(layer.limits().overrides().len(), MAX_OVERRIDES);
+}

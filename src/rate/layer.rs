@@ -640,6 +640,13 @@ impl Builder<Settings> {
     /// Which responses are free: everything they were charged is given back
     /// (default: `304 Not Modified`).
     ///
+    /// A client can make many responses free (a `304` answers any request
+    /// with `If-None-Match: *` on an endpoint that computes ETags), and the
+    /// handler still runs for each. So free responses are bounded: per key
+    /// and policy, at most the binding quota's limit of them per window (of
+    /// its length), counted in this process; past that they are charged
+    /// like any other response.
+    ///
     /// ```
     /// # use std::num::NonZeroU32;
     /// use http::StatusCode;
@@ -895,6 +902,7 @@ impl Builder<Settings> {
                 headers: common.headers,
                 status_extension: kind.status_extension,
                 refund: kind.refund,
+                free: super::free::FreeResponses::new(),
                 on_rejection: kind.on_rejection,
                 on_key_error: common.on_key_error,
                 store_timeout: common.store_timeout,

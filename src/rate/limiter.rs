@@ -80,6 +80,8 @@ pub(crate) struct Limiter {
     /// Whether a charged request carries its [`Status`] to the inner service.
     pub(crate) status_extension: bool,
     pub(crate) refund: Arc<RefundFn>,
+    /// How many free responses each key has had this window.
+    pub(crate) free: super::free::FreeResponses,
     pub(crate) on_rejection: Arc<RejectionFn>,
     pub(crate) on_key_error: Arc<KeyErrorFn>,
     pub(crate) store_timeout: Duration,
@@ -232,7 +234,7 @@ impl Limiter {
             namespace: &self.shadow_namespace,
             ..self.call(&key, &candidate, cost, now_ms)
         };
-        let mut fut = self.store.charge(&call);
+        let mut fut = self.store.charge_shadow(&call);
         let name = self.namespace.name().to_owned();
         let done = move |result: Result<Decision, StoreError>| match result {
             Ok(d) if !d.is_allowed() => {
@@ -603,7 +605,10 @@ impl Limiter {
         status: StatusCode,
         headers: &mut HeaderMap,
     ) -> Option<Deferred> {
-        let free = (self.refund)(status, headers);
+        let free = (self.refund)(status, headers)
+            && self
+                .free
+                .take(&charged.key, &charged.policy, charged.now_ms);
         let head = if free {
             None
         } else {

@@ -28,6 +28,7 @@ mod body;
 #[cfg(feature = "redis")]
 mod coordinated;
 mod deny_cache;
+mod free;
 mod future;
 mod layer;
 mod limiter;

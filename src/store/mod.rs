@@ -288,6 +288,15 @@ pub trait Store: Send + Sync + 'static {
     /// from that same atomic step.
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>>;
 
+    /// A charge no request waits for (a policy running in shadow, whose
+    /// would-be rejections are counted beside the enforced one): the same
+    /// as [`charge`](Store::charge), but a store may refuse it at once
+    /// while it is busy, so that it never crowds out the charges requests
+    /// wait for. The default charges it like any other.
+    fn charge_shadow(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        self.charge(call)
+    }
+
     /// Settles a charge, in one atomic step: gives back what it charged
     /// beyond the request's real cost, or charges the excess, to the states
     /// it was charged to (never to newer ones).
@@ -390,6 +399,9 @@ fn no_slots() -> StoreError {
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
         (**self).charge(call)
+    }
+    fn charge_shadow(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        (**self).charge_shadow(call)
     }
     fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
         (**self).settle(call)

@@ -279,6 +279,10 @@ impl Store for ShardedStore {
     /// Settles on the shard the key maps to now: after a shard was added the
     /// key may have moved, and the settlement then finds no matching window
     /// there and changes nothing (it never reaches a newer window).
+    fn charge_shadow(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        self.shard(call.namespace, call.key).charge_shadow(call)
+    }
+
     fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
         self.shard(call.charge.namespace, call.charge.key)
             .settle(call)

@@ -294,6 +294,7 @@ impl Shared {
         let pairs: Vec<(Vec<u8>, Vec<u8>)> =
             redis::from_redis_value(hash).map_err(|e| protocol(format!("HGETALL answered {e}")))?;
         let mut snap = Snapshot::default();
+        let mut past_cap = 0;
         for (field, value) in pairs {
             let (Ok(field), Ok(value)) = (String::from_utf8(field), String::from_utf8(value))
             else {
@@ -313,10 +314,24 @@ impl Shared {
             } else if field == SHADOW {
                 snap.shadow = Some(policy);
             } else if let Some(key) = field.strip_prefix(KEY) {
+                // The cap a change is held to holds for what is read too
+                // (entries written by hand, or by another version).
+                if snap.keys.len() >= super::MAX_OVERRIDES {
+                    past_cap += 1;
+                    continue;
+                }
                 snap.keys.insert(key.to_owned(), policy);
             } else {
                 self.skip("an unknown field", &field);
             }
+        }
+        if past_cap > 0 {
+            tracing::warn!(
+                limiter = self.namespace.name(),
+                left_out = past_cap,
+                "the shared rate limits in Redis hold more than {} overrides; the rest are left out",
+                super::MAX_OVERRIDES
+            );
         }
         Ok(snap)
     }

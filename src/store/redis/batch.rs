@@ -165,16 +165,18 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
             }
             Some(&k) => {
                 let k = usize::try_from(k).map_err(|_| bad("a negative length"))?;
-                let block = nums
-                    .get(at + 1..at + 1 + k)
-                    .ok_or_else(|| bad("cut short"))?;
+                // A length Redis sent: checked, never trusted to fit.
+                let end = (at + 1)
+                    .checked_add(k)
+                    .ok_or_else(|| bad("a length past the end"))?;
+                let block = nums.get(at + 1..end).ok_or_else(|| bad("cut short"))?;
                 out.push(reply::decode(
                     &job.policy,
                     Some((job.cost, job.units)),
                     job.now,
                     block,
                 ));
-                at += 1 + k;
+                at = end;
             }
             None => return Err(bad("fewer answers than requests")),
         }
@@ -189,7 +191,11 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
 pub(crate) fn response_error(message: String) -> StoreError {
     StoreError::Response {
         code: message.split_whitespace().next().map(str::to_owned),
-        message,
+        message: if message.len() > reply::SHOWN {
+            reply::shown(&message)
+        } else {
+            message
+        },
     }
 }
 
@@ -217,6 +223,34 @@ mod tests {
                 _ => "?".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_length_from_redis_past_the_end_is_a_protocol_error_never_a_panic() {
+        let p = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
+        let jobs = [job("x", &p)];
+        for k in [i64::MAX, i64::MAX - 1, 1 << 62, 5] {
+            let err = answers(&packed(&[k, 1, 1_000], &[]), &jobs).unwrap_err();
+            assert_eq!(err.kind(), "protocol", "{k}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_long_reply_or_message_is_shown_cut_to_a_kilobyte() {
+        let p = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
+        let jobs = [job("x", &p)];
+        // A block of 40,000 numbers that does not read as this request's.
+        let mut nums = vec![40_000, 1, 1_000];
+        nums.extend(std::iter::repeat_n(7, 39_998));
+        let shown = answers(&packed(&nums, &[]), &jobs).unwrap()[0]
+            .as_ref()
+            .unwrap_err()
+            .to_string();
+        assert!(shown.len() < 1_200, "{} bytes", shown.len());
+        assert!(shown.contains("bytes in all"), "{shown}");
+        let long = response_error("ERR ".to_owned() + &"x".repeat(200_000));
+        assert!(long.to_string().len() < 1_200);
+        assert!(long.to_string().contains("bytes in all"));
     }
 
     #[test]

@@ -73,7 +73,8 @@ pub(super) fn decode(sent: u64, reply: &[i64]) -> Result<Occupancy, StoreError> 
             })
         }
         _ => Err(StoreError::Protocol(format!(
-            "concurrency acquire script returned {reply:?}"
+            "concurrency acquire script returned {}",
+            super::reply::shown(&reply)
         ))),
     }
 }

@@ -80,6 +80,11 @@ pub(crate) const BATCHES_IN_FLIGHT: usize = 4;
 /// The most requests waiting on one lane.
 pub(crate) const MAX_QUEUED: usize = 4096;
 
+/// The most requests waiting on one lane that a shadow charge (one no
+/// request waits for) may join: an eighth of the queue, so shadow policies
+/// never crowd out the charges requests wait for.
+pub(crate) const MAX_QUEUED_SHADOW: usize = MAX_QUEUED / 8;
+
 /// A connection unused for this long is checked before it carries a call:
 /// the server (its `timeout`), a proxy or `CLIENT KILL` may have closed it.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -347,7 +352,8 @@ impl Lanes {
     /// Queues `job` on a lane (an idle one if any) and starts that lane's
     /// runner if it was idle; the answer comes on the returned channel.
     /// Called inside a tokio runtime: the runner is spawned on it.
-    pub(crate) fn submit(self: &Arc<Self>, job: Job) -> oneshot::Receiver<JobReply> {
+    /// Refused at once (`Backlog`) when `cap` or more wait there.
+    pub(crate) fn submit(self: &Arc<Self>, job: Job, cap: usize) -> oneshot::Receiver<JobReply> {
         let (tx, rx) = oneshot::channel();
         let first = self.next_lane();
         let n = self.lanes.len();
@@ -359,8 +365,10 @@ impl Lanes {
             if q.running && k + 1 < n {
                 continue;
             }
-            if q.waiting.len() >= MAX_QUEUED {
-                let _ = tx.send(Err(StoreError::Backlog { queued: MAX_QUEUED }));
+            if q.waiting.len() >= cap {
+                let _ = tx.send(Err(StoreError::Backlog {
+                    queued: q.waiting.len(),
+                }));
                 return rx;
             }
             let busy_at = q.busy.now(Instant::now());

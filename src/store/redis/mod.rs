@@ -238,12 +238,12 @@ pub(crate) enum Primary {
 }
 
 impl Primary {
-    /// Charges `job`: queued to travel with concurrent charges on a lane;
-    /// on a cluster, sent alone to its key's node (which pipelines it with
-    /// other calls to that node).
-    async fn charge(&self, job: batch::Job) -> batch::JobReply {
+    /// Charges `job`: queued to travel with concurrent charges on a lane
+    /// (refused when `cap` wait already); on a cluster, sent alone to its
+    /// key's node (which pipelines it with other calls to that node).
+    async fn charge(&self, job: batch::Job, cap: usize) -> batch::JobReply {
         match self {
-            Primary::Lanes(lanes) => lanes.submit(job).await.unwrap_or_else(|_| {
+            Primary::Lanes(lanes) => lanes.submit(job, cap).await.unwrap_or_else(|_| {
                 Err(StoreError::Unavailable(
                     "the redis connection carrying this charge was dropped (its runtime shut down)"
                         .into(),
@@ -1162,8 +1162,13 @@ async fn invoke<T: FromRedisValue>(
     primary.run(Call::Eval { script, cmd }, budget).await
 }
 
-impl Store for RedisStore {
-    fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+impl RedisStore {
+    /// Charges `call`, queued on a lane where fewer than `cap` wait.
+    fn charge_within(
+        &self,
+        call: &Charge<'_>,
+        cap: usize,
+    ) -> StoreFuture<Result<Decision, StoreError>> {
         let job = batch::Job {
             hash_key: self.hash_key(call),
             policy: call.policy.clone(),
@@ -1176,11 +1181,25 @@ impl Store for RedisStore {
         match &self.inner.primary {
             // Queued from here; the batch leaves from the I/O runtime.
             Primary::Lanes(_) => {
-                StoreFuture::pending(async move { inner.primary.charge(job).await })
+                StoreFuture::pending(async move { inner.primary.charge(job, cap).await })
             }
             #[cfg(feature = "cluster")]
-            Primary::Cluster(_) => io::store_future(async move { inner.primary.charge(job).await }),
+            Primary::Cluster(_) => {
+                io::store_future(async move { inner.primary.charge(job, cap).await })
+            }
         }
+    }
+}
+
+impl Store for RedisStore {
+    fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        self.charge_within(call, lane::MAX_QUEUED)
+    }
+
+    /// Queued only while fewer than an eighth of a lane's cap wait: a
+    /// shadow policy never crowds out the charges requests wait for.
+    fn charge_shadow(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        self.charge_within(call, lane::MAX_QUEUED_SHADOW)
     }
 
     fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {

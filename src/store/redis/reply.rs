@@ -152,6 +152,25 @@ fn replay(q: &Quota, read: Read, now: u64, ask: Option<Ask>) -> QuotaStatus {
     }
 }
 
+/// The most of a reply an error (and so a log line) shows.
+pub(super) const SHOWN: usize = 1024;
+
+/// `reply` for an error message: at most [`SHOWN`] bytes of it, and how
+/// long it was.
+pub(super) fn shown(reply: &impl std::fmt::Debug) -> String {
+    let mut s = format!("{reply:?}");
+    if s.len() > SHOWN {
+        let len = s.len();
+        let mut cut = SHOWN;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str(&format!("… ({len} bytes in all)"));
+    }
+    s
+}
+
 /// Builds the decision from a charge script's reply `{allowed, now,
 /// block_1, .., block_n}` for a request of `(cost, units)`, or a status
 /// script's (`None`).
@@ -162,7 +181,7 @@ pub(super) fn decode(
     r: &[i64],
 ) -> Result<Decision, StoreError> {
     let reply = r;
-    let bad = || StoreError::Protocol(format!("rate-limit script returned {reply:?}"));
+    let bad = || StoreError::Protocol(format!("rate-limit script returned {}", shown(&reply)));
     if r.len() < 2 {
         return Err(bad());
     }
@@ -189,8 +208,9 @@ pub(super) fn decode(
     decision.decide_each(|i| ask(&quotas[i]).map_or((0, 0), |a| (a.fit, a.charge)));
     if asked.is_some() && decision.is_allowed() != (r[0] == 1) {
         return Err(StoreError::Protocol(format!(
-            "charge script decided {} but the state it returned says otherwise: {reply:?}",
-            r[0]
+            "charge script decided {} but the state it returned says otherwise: {}",
+            r[0],
+            shown(&reply)
         )));
     }
     Ok(decision)
