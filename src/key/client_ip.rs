@@ -1,48 +1,11 @@
 //! The client's IP address behind trusted reverse proxies.
 
-use super::forwarded::client_from_chain;
+use super::forwarded::{client_from_chain, ForwardedHeader};
 use super::ip::{ip_key, peer_addr, DEFAULT_IPV6_PREFIX, NO_PEER};
 use super::{Key, KeyError, KeyExtractor};
-use http::header::{HeaderName, FORWARDED};
 use http::request::Parts;
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
-/// Which forwarding header [`ClientIp`] honours (only from trusted peers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2` (several header lines are joined in order).
-    #[default]
-    XForwardedFor,
-    /// RFC 7239 `Forwarded: for=client;proto=https, for="[2001:db8::1]:4711"`.
-    ///
-    /// Each element's `for` parameter (any case) is a hop. `for=unknown`, an
-    /// obfuscated `for=_name`, an element without `for`, and a quoted string
-    /// containing a comma or an escape all make that hop unreadable.
-    Forwarded,
-    /// `X-Real-IP: client`: one address, set by the proxy in front of you.
-    ///
-    /// A value with a comma is unreadable. Should several lines arrive, they
-    /// are walked right to left like `X-Forwarded-For` hops.
-    XRealIp,
-}
-
-impl ForwardedHeader {
-    /// The header's name.
-    ///
-    /// ```
-    /// use tower_ratelimit::key::ForwardedHeader;
-    /// assert_eq!(ForwardedHeader::XRealIp.name(), "x-real-ip");
-    /// ```
-    pub fn name(self) -> HeaderName {
-        match self {
-            Self::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
-            Self::Forwarded => FORWARDED,
-            Self::XRealIp => HeaderName::from_static("x-real-ip"),
-        }
-    }
-}
 
 /// Keys by the client's IP address, believing forwarding headers only from trusted proxies.
 ///

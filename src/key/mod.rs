@@ -43,11 +43,12 @@ mod test_util;
 mod value;
 
 pub use api_key::ApiKey;
-pub use client_ip::{ClientIp, ForwardedHeader};
+pub use client_ip::ClientIp;
 pub use combinators::{And, ExemptIf, KeyExtractorExt, Or};
 pub use constant::{Constant, Exempt, Global};
 pub use extension::{extension, FromExtension};
 pub use fn_impl::IntoKeyResult;
+pub use forwarded::ForwardedHeader;
 pub use header::Header;
 pub use ip::PeerIp;
 #[cfg(feature = "axum")]

@@ -222,14 +222,14 @@ struct State {
     tier_of: HashMap<Policy, u16>,
     /// Closed windows not yet added to the fleet's (by window id).
     #[cfg(feature = "redis")]
-    unsent: Vec<(u64, fleet::Window)>,
+    unsent: Vec<(u64, crate::store::AdviceWindow)>,
 }
 
 /// A layer's advisor.
 pub(crate) struct Recorder {
     cfg: Advisor,
     #[cfg(feature = "redis")]
-    fleet: Option<fleet::Fleet>,
+    fleet: Option<crate::store::FleetAdvice>,
     /// Held while closed windows go to the fleet's, so a fleet report
     /// waits for a send under way and never misses a window.
     #[cfg(feature = "redis")]
@@ -246,7 +246,7 @@ impl Recorder {
             #[cfg(feature = "redis")]
             fleet: cfg.fleet.clone().map(|store| {
                 let keep = cfg.window * (cfg.windows as u32 + 1);
-                fleet::Fleet::new(store, namespace, keep)
+                crate::store::FleetAdvice::new(store, namespace, keep)
             }),
             #[cfg(feature = "redis")]
             sending: tokio::sync::Mutex::new(()),
@@ -642,6 +642,3 @@ mod tests {
         assert!(Advisor::new().window(Duration::ZERO).check().is_err());
     }
 }
-
-#[cfg(feature = "redis")]
-mod fleet;

@@ -1,8 +1,13 @@
-//! Which body type the rate limiter's responses carry: [`BodyMode`].
+//! Which body type the rate limiter's responses carry ([`BodyMode`]), and
+//! the settlement a charged request's body carries to its end.
 
-use super::settle::Settling;
-use crate::body::ResponseBody;
+use super::limiter::{Charged, Limiter};
+use super::settle::Known;
+use crate::body::{ResponseBody, Watch};
 use bytes::Bytes;
+use http_body::Frame;
+use std::fmt;
+use std::sync::Arc;
 
 /// Which body type a [`RateLimit`](crate::RateLimit) service answers with,
 /// and how the inner service's body and the limiter's own answers become it.
@@ -78,6 +83,80 @@ impl<B: From<Bytes>> BodyMode<B> for InnerBody {
 
     fn limiter(data: Bytes) -> B {
         B::from(data)
+    }
+}
+
+/// A charged request's settlement, carried by its response body until the
+/// body ends (settled to what is known then) or is dropped first (settled
+/// as [`Dropped`] says). Made once per request and spent once.
+pub(crate) struct Settling {
+    limiter: Arc<Limiter>,
+    charged: Option<Charged>,
+    known: Known,
+}
+
+impl Settling {
+    pub(crate) fn new(limiter: Arc<Limiter>, charged: Charged, head: Option<u64>) -> Self {
+        let bytes = limiter.body_bytes.then_some(0);
+        Self {
+            limiter,
+            charged: Some(charged),
+            known: Known {
+                head,
+                trailers: None,
+                bytes,
+            },
+        }
+    }
+
+    /// Settles now, at the response head, to what is known: the body is
+    /// not watched, so its bytes are not known.
+    pub(crate) fn at_head(mut self) {
+        self.known.bytes = None;
+        self.complete();
+    }
+
+    fn complete(&mut self) {
+        if let Some(c) = self.charged.take() {
+            self.limiter.settle_end(c, self.known, true);
+        }
+    }
+}
+
+impl Watch for Settling {
+    /// Counts the bytes sent, and reads the trailers.
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            if let Some(b) = &mut self.known.bytes {
+                *b = b.saturating_add(data.len() as u64);
+            }
+        } else if let (Some(trailers), Some(f)) =
+            (frame.trailers_ref(), &self.limiter.settle_trailers)
+        {
+            self.known.trailers = f(trailers);
+        }
+    }
+
+    /// The body ended: settles to what is known.
+    fn ended(mut self: Box<Self>) {
+        self.complete();
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        if let Some(c) = self.charged.take() {
+            self.limiter.settle_end(c, self.known, false);
+        }
+    }
+}
+
+impl fmt::Debug for Settling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settling")
+            .field("limiter", &self.limiter.namespace.name())
+            .field("known", &self.known)
+            .finish_non_exhaustive()
     }
 }
 

@@ -118,7 +118,7 @@ use crate::key::Key;
 use crate::periodic::Periodic;
 use crate::quota::{Policy, Quota};
 use crate::store::{Namespace, RedisStore, ShardedStore};
-use deadpool_redis::redis::{self, Cmd, Value};
+use redis::{self, Cmd, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

@@ -1,9 +1,9 @@
 //! [`ResponseFuture`]: drives one request through the limiter's pipeline
 //! ([`Limiter::decide`]), then through the inner service.
 
+use super::body::Settling;
 use super::body::{BodyMode, WrapBody};
 use super::limiter::{Charged, Limiter};
-use super::settle::Settling;
 use crate::later::Serve;
 use http::{Request, Response};
 use pin_project_lite::pin_project;

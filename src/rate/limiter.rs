@@ -597,7 +597,7 @@ impl Limiter {
     /// says they cost), or hand back the settlement for the body to carry
     /// to its end when a later source may still say more (the trailers, the
     /// body's bytes, the handler's [`Usage`]): then the caller hands the
-    /// charge to a [`Settling`]. Writes the headers, showing the state
+    /// charge to a `Settling` (`body.rs`). Writes the headers, showing the state
     /// settled so far.
     pub(crate) fn finish(
         self: &Arc<Self>,

@@ -1,13 +1,10 @@
-//! Settling a request when its response is done: [`Usage`], the handle a
-//! handler reports what its request really cost on, [`Dropped`], what a
-//! response that never finished is settled to, and the settlement a
-//! response body carries to its end.
+//! What settling a request when its response is done knows: [`Usage`], the
+//! handle a handler reports what its request really cost on, [`Dropped`],
+//! what a response that never finished is settled to, and what is known of
+//! the cost when it is settled. (The response body carries the settlement
+//! to its end: `body.rs`.)
 
-use super::limiter::{Charged, Limiter};
-use crate::body::Watch;
 use crate::quota::Quota;
-use bytes::Bytes;
-use http_body::Frame;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -170,80 +167,6 @@ impl Known {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deferred {
     pub(crate) head: Option<u64>,
-}
-
-/// A charged request's settlement, carried by its response body until the
-/// body ends (settled to what is known then) or is dropped first (settled
-/// as [`Dropped`] says). Made once per request and spent once.
-pub(crate) struct Settling {
-    limiter: Arc<Limiter>,
-    charged: Option<Charged>,
-    known: Known,
-}
-
-impl Settling {
-    pub(crate) fn new(limiter: Arc<Limiter>, charged: Charged, head: Option<u64>) -> Self {
-        let bytes = limiter.body_bytes.then_some(0);
-        Self {
-            limiter,
-            charged: Some(charged),
-            known: Known {
-                head,
-                trailers: None,
-                bytes,
-            },
-        }
-    }
-
-    /// Settles now, at the response head, to what is known: the body is
-    /// not watched, so its bytes are not known.
-    pub(crate) fn at_head(mut self) {
-        self.known.bytes = None;
-        self.complete();
-    }
-
-    fn complete(&mut self) {
-        if let Some(c) = self.charged.take() {
-            self.limiter.settle_end(c, self.known, true);
-        }
-    }
-}
-
-impl Watch for Settling {
-    /// Counts the bytes sent, and reads the trailers.
-    fn frame(&mut self, frame: &Frame<Bytes>) {
-        if let Some(data) = frame.data_ref() {
-            if let Some(b) = &mut self.known.bytes {
-                *b = b.saturating_add(data.len() as u64);
-            }
-        } else if let (Some(trailers), Some(f)) =
-            (frame.trailers_ref(), &self.limiter.settle_trailers)
-        {
-            self.known.trailers = f(trailers);
-        }
-    }
-
-    /// The body ended: settles to what is known.
-    fn ended(mut self: Box<Self>) {
-        self.complete();
-    }
-}
-
-impl Drop for Settling {
-    fn drop(&mut self) {
-        if let Some(c) = self.charged.take() {
-            self.limiter.settle_end(c, self.known, false);
-        }
-    }
-}
-
-impl fmt::Debug for Settling {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settling")
-            .field("limiter", &self.limiter.namespace.name())
-            .field("known", &self.known)
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! The embedded store: limiter state and concurrency slots in this
 //! process's memory, exact and bounded.
 
+use super::backend::Store;
+use super::call::{Charge, Settle};
+use super::future::StoreFuture;
 use super::slots::{Acquire, Occupancy, Release, SlotId};
-use super::{Charge, Settle, Store, StoreFuture};
 use crate::algorithm::{self, Next, Outcome, State};
 use crate::bounded::{self, Bounded};
 use crate::decision::{Decision, QuotaStatus};

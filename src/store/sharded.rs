@@ -48,10 +48,13 @@
 //! so while one shard is down its keys are answered per the failure policy
 //! and every other key is still limited exactly.
 
+use super::backend::Store;
+use super::call::{Charge, Namespace, Settle};
+use super::future::StoreFuture;
+use super::slots::{Acquire, Occupancy, Release};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::store::{Acquire, Charge, Namespace, Occupancy, Release, Settle, Store, StoreFuture};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
@@ -77,7 +80,7 @@ struct Shard {
     /// The same store, when it is a Redis one (the coordinated mode syncs
     /// through it).
     #[cfg(feature = "redis")]
-    redis: Option<crate::store::RedisStore>,
+    redis: Option<super::redis::RedisStore>,
 }
 
 impl Shard {
@@ -126,7 +129,7 @@ impl ShardedStoreBuilder {
     /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn shard(mut self, store: crate::store::RedisStore) -> Self {
+    pub fn shard(mut self, store: super::redis::RedisStore) -> Self {
         let mut shard = Shard::new(store.shard_name().to_owned(), Arc::new(store.clone()));
         shard.redis = Some(store);
         self.shards.push(shard);
@@ -226,7 +229,7 @@ impl ShardedStore {
     {
         urls.into_iter()
             .try_fold(Self::builder(), |b, url| {
-                Ok(b.shard(crate::store::RedisStore::new(url)?))
+                Ok(b.shard(super::redis::RedisStore::new(url)?))
             })?
             .build()
     }
@@ -243,7 +246,7 @@ impl ShardedStore {
 
     /// Each shard's Redis store, in order, when every shard is one.
     #[cfg(feature = "redis")]
-    pub(crate) fn redis_shards(&self) -> Option<Vec<crate::store::RedisStore>> {
+    pub(crate) fn redis_shards(&self) -> Option<Vec<super::redis::RedisStore>> {
         self.inner.shards.iter().map(|s| s.redis.clone()).collect()
     }
 

@@ -1,8 +1,8 @@
 //! What a concurrency limit asks of a store: slots, one per request in
 //! flight, each leased so that a crashed instance's slots stop counting.
 
+use super::call::Namespace;
 use crate::key::Key;
-use crate::store::Namespace;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

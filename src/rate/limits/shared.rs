@@ -10,11 +10,9 @@
 
 use super::{Change, Snapshot, Table};
 use crate::error::{ConfigError, StoreError};
-use crate::key::Key;
 use crate::periodic::Periodic;
 use crate::quota::Policy;
-use crate::store::{Namespace, RedisStore};
-use deadpool_redis::redis::{self, Value};
+use crate::store::{Namespace, RedisStore, SharedTable, TableRead, TableWrite};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -76,7 +74,7 @@ impl SharedLimits {
     }
 
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        if self.store.is_cluster() {
+        if !SharedTable::supported(&self.store) {
             return Err(ConfigError::new(
                 "shared limits live on one Redis primary: a Redis Cluster is not supported \
                  (use a RedisStore with one primary, replicas or Sentinel)",
@@ -111,12 +109,8 @@ impl fmt::Debug for SharedLimits {
 pub(crate) struct Shared {
     cfg: SharedLimits,
     namespace: Namespace,
-    /// The hash holding the table.
-    hash: String,
-    /// The counter each change bumps.
-    version: String,
-    /// The table's epoch: made by the first change after the keys were lost.
-    epoch: String,
+    /// The table in Redis.
+    table: SharedTable,
     /// The version and epoch installed here (`None`: nothing read yet).
     seen: Mutex<Option<Seen>>,
     polling: Periodic,
@@ -135,24 +129,15 @@ struct Seen {
 const DEFAULT: &str = "default";
 /// The hash field of the policy running in shadow.
 const SHADOW: &str = "shadow";
-/// Makes the shadow policy the default, when there is one.
-const PROMOTE: &str = "local s = redis.call('HGET', KEYS[1], 'shadow') \
-    if s then redis.call('HSET', KEYS[1], 'default', s) redis.call('HDEL', KEYS[1], 'shadow') end \
-    return 0";
 /// The prefix of an override's hash field, before its key's text.
 const KEY: &str = "key:";
 
 impl Shared {
     pub(crate) fn new(cfg: SharedLimits, namespace: &Namespace) -> Self {
-        // An empty composite: no key extractor makes one, so no client's
-        // state shares this tag.
-        let base = cfg.store.redis_key(namespace, &Key::composite(&[]));
         Self {
+            table: SharedTable::new(cfg.store.clone(), namespace),
             cfg,
             namespace: namespace.clone(),
-            hash: format!("{base}:limits"),
-            version: format!("{base}:limits:v"),
-            epoch: format!("{base}:limits:e"),
             seen: Mutex::new(None),
             polling: Periodic::default(),
             failing: AtomicBool::new(false),
@@ -162,59 +147,33 @@ impl Shared {
     /// Writes `change`, and installs the whole table as Redis has it after
     /// it; whether the entry changed was there before.
     pub(crate) async fn write(&self, table: &Table, change: &Change) -> Result<bool, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        let key;
         let field = match change {
-            Change::Default(_) => DEFAULT.to_owned(),
-            Change::Shadow(_) | Change::Promote => SHADOW.to_owned(),
-            Change::Key(k, _) => format!("{KEY}{k}"),
+            Change::Default(_) => DEFAULT,
+            Change::Shadow(_) | Change::Promote => SHADOW,
+            Change::Key(k, _) => {
+                key = format!("{KEY}{k}");
+                &key
+            }
         };
-        // Whether it was there: HSET and HDEL would say it differently.
-        pipe.cmd("HEXISTS").arg(&self.hash).arg(&field);
-        match change {
-            Change::Default(Some(p)) | Change::Shadow(Some(p)) | Change::Key(_, Some(p)) => pipe
-                .cmd("HSET")
-                .arg(&self.hash)
-                .arg(field)
-                .arg(p.to_string())
-                .ignore(),
+        let write = match change {
+            Change::Default(Some(p)) | Change::Shadow(Some(p)) | Change::Key(_, Some(p)) => {
+                TableWrite::Set(field, p.to_string())
+            }
             Change::Default(None) | Change::Shadow(None) | Change::Key(_, None) => {
-                pipe.cmd("HDEL").arg(&self.hash).arg(field).ignore()
+                TableWrite::Remove(field)
             }
             // Moved inside Redis, so a shadow set meanwhile elsewhere is the one promoted.
-            Change::Promote => pipe
-                .cmd("EVAL")
-                .arg(PROMOTE)
-                .arg(1)
-                .arg(&self.hash)
-                .ignore(),
+            Change::Promote => TableWrite::Promote(field),
         };
-        // The first change since the keys were lost starts a new epoch.
-        pipe.cmd("SET")
-            .arg(&self.epoch)
-            .arg(format!("{:016x}", fastrand::u64(..)))
-            .arg("NX")
-            .ignore();
-        pipe.cmd("INCR").arg(&self.version);
-        pipe.cmd("GET").arg(&self.epoch);
-        pipe.cmd("HGETALL").arg(&self.hash);
-        let mut reply = self.query(pipe).await?;
-        if reply.len() != 4 {
-            return Err(protocol(format!("{} replies, not 4", reply.len())));
-        }
-        let existed = int(reply.remove(0))?.unwrap_or(0) > 0;
-        if !self.install(table, reply, false)? {
+        let (existed, read) = self.table.write(write, self.cfg.timeout).await?;
+        if !self.install(table, read, false)? {
             // A newer table of this epoch is installed, or this one's
             // version went back (a failover): read what Redis holds now,
             // so the change is in force here before it is reported done.
             self.refresh_now(table, true).await?;
         }
         Ok(existed)
-    }
-
-    /// Runs `pipe` on the primary, within the timeout.
-    async fn query(&self, pipe: redis::Pipeline) -> Result<Vec<Value>, StoreError> {
-        self.cfg.store.query_pipeline(pipe, self.cfg.timeout).await
     }
 
     /// Reads the whole table and installs it.
@@ -225,26 +184,14 @@ impl Shared {
     /// Reads the whole table and installs it; `reset`: even when this
     /// instance installed a later version of the same epoch.
     async fn refresh_now(&self, table: &Table, reset: bool) -> Result<(), StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        pipe.cmd("GET").arg(&self.version);
-        pipe.cmd("GET").arg(&self.epoch);
-        pipe.cmd("HGETALL").arg(&self.hash);
-        let reply = self.query(pipe).await?;
-        self.install(table, reply, reset).map(drop)
+        let read = self.table.read(self.cfg.timeout).await?;
+        self.install(table, read, reset).map(drop)
     }
 
     /// One poll: reads the table again when its version or epoch moved.
     async fn poll(&self, table: &Table) -> Result<(), StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(&self.version);
-        pipe.cmd("GET").arg(&self.epoch);
-        let [version, epoch]: [Value; 2] = self
-            .query(pipe)
-            .await?
-            .try_into()
-            .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 2", r.len())))?;
-        let now = as_seen(version, epoch)?;
+        let (version, epoch) = self.table.version(self.cfg.timeout).await?;
+        let now = Seen { version, epoch };
         let installed = self.seen().clone();
         let reset = match &installed {
             Some(s) if *s == now => return Ok(()),
@@ -265,15 +212,15 @@ impl Shared {
         self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Installs `[version, epoch, hash]` unless a later version of the same
-    /// epoch is installed already (two answers may come back out of order)
-    /// and this is no `reset`; whether it was installed.
-    fn install(&self, table: &Table, reply: Vec<Value>, reset: bool) -> Result<bool, StoreError> {
-        let [version, epoch, hash]: [Value; 3] = reply
-            .try_into()
-            .map_err(|r: Vec<Value>| protocol(format!("{} replies, not 3", r.len())))?;
-        let read = as_seen(version, epoch)?;
-        let snap = self.parse(table, hash)?;
+    /// Installs `read` unless a later version of the same epoch is
+    /// installed already (two answers may come back out of order) and this
+    /// is no `reset`; whether it was installed.
+    fn install(&self, table: &Table, read: TableRead, reset: bool) -> Result<bool, StoreError> {
+        let snap = self.parse(table, read.entries);
+        let read = Seen {
+            version: read.version,
+            epoch: read.epoch,
+        };
         let mut installed = self.seen();
         let older = installed
             .as_ref()
@@ -286,13 +233,10 @@ impl Shared {
         Ok(true)
     }
 
-    /// The table from `HGETALL`'s answer. An entry that does not read as a
+    /// The table from its entries. An entry that does not read as a
     /// policy for this layer (written by hand, or by another version) is
     /// left out, with a warning, and the rest applies.
-    fn parse(&self, table: &Table, hash: Value) -> Result<Snapshot, StoreError> {
-        // HGETALL: a map in RESP3, a flat list in RESP2, nil for no hash.
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> =
-            redis::from_redis_value(hash).map_err(|e| protocol(format!("HGETALL answered {e}")))?;
+    fn parse(&self, table: &Table, pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Snapshot {
         let mut snap = Snapshot::default();
         let mut past_cap = 0;
         for (field, value) in pairs {
@@ -333,7 +277,7 @@ impl Shared {
                 super::MAX_OVERRIDES
             );
         }
-        Ok(snap)
+        snap
     }
 
     fn skip(&self, why: &str, field: &str) {
@@ -363,24 +307,4 @@ impl Shared {
         }
         });
     }
-}
-
-/// A version (no counter reads as 0: nothing was ever changed) and epoch as
-/// `GET` answers them.
-fn as_seen(version: Value, epoch: Value) -> Result<Seen, StoreError> {
-    let epoch: Option<Vec<u8>> =
-        redis::from_redis_value(epoch).map_err(|e| protocol(format!("an epoch of {e}")))?;
-    Ok(Seen {
-        version: int(version)?.unwrap_or(0),
-        epoch,
-    })
-}
-
-fn protocol(what: String) -> StoreError {
-    StoreError::Protocol(format!("shared limits: {what}"))
-}
-
-/// An integer reply (`GET` of a counter, `INCR`, `HEXISTS`); `None` for nil.
-fn int(v: Value) -> Result<Option<i64>, StoreError> {
-    redis::from_redis_value(v).map_err(|e| protocol(format!("a count of {e}")))
 }

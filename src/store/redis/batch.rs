@@ -8,12 +8,13 @@ use super::scripts;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::quota::Policy;
-use deadpool_redis::redis::{Cmd, FromRedisValue, Script, Value};
+use redis::{Cmd, FromRedisValue, Script, Value};
 use smallvec::SmallVec;
 use std::time::Duration;
 
-/// The most requests one call carries (see [`super::lane::MAX_BATCH`]).
-const MAX_BATCH: usize = super::lane::MAX_BATCH;
+/// The most requests one script call carries (about 0.2 ms of Redis time for
+/// single-quota policies, so no batch holds Redis for long).
+pub(crate) const MAX_BATCH: usize = 64;
 
 /// One request's charge.
 pub(crate) struct Job {
@@ -203,7 +204,7 @@ pub(crate) fn response_error(message: String) -> StoreError {
 mod tests {
     use super::*;
     use crate::quota::Quota;
-    use deadpool_redis::redis::Arg;
+    use redis::Arg;
 
     fn job(key: &str, policy: &Policy) -> Job {
         Job {

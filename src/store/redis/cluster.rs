@@ -27,15 +27,17 @@
 //! `invoke_async` is sent to the node that answered `NOSCRIPT`: the one serving
 //! the key's slot, or the redirect target.
 
-use super::lane::{redis_error, Call};
+use super::error::redis_error;
+use super::eviction::{self, EvictionCheck};
+use super::lane::Call;
 use super::node::{self, Settings};
 use super::url::Redacted;
-use super::EvictionCheck;
 use crate::error::{ConfigError, StoreError};
-use deadpool_redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
-use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use deadpool_redis::redis::{
+use redis::aio::ConnectionLike;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{
     self, Arg, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind,
     Value,
 };
@@ -113,7 +115,7 @@ impl ClusterLane {
                         )))
                     }
                 };
-                super::check_eviction(self.eviction, &mut conn, &self.shown).await?;
+                eviction::check_eviction(self.eviction, &mut conn, &self.shown).await?;
                 Ok(conn)
             })
             .await

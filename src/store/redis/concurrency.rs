@@ -1,12 +1,13 @@
 //! Fleet-wide concurrency slots on [`RedisStore`]: one `EVALSHA` per
 //! acquire and per release (`lua/concurrency_*.lua`).
 
-use super::{invoke, keys, scripts, RedisStore};
+use super::store::{invoke, RedisStore};
+use super::{keys, scripts};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::store::{Acquire, Occupancy, Release};
-use crate::store::{Namespace, StoreFuture};
-use deadpool_redis::redis;
+use crate::store::call::Namespace;
+use crate::store::future::StoreFuture;
+use crate::store::slots::{Acquire, Occupancy, Release};
 
 impl RedisStore {
     /// The Redis key holding `key`'s concurrency slots for the limiter

@@ -10,7 +10,7 @@
 //! from whatever runtime it runs on.
 
 use crate::error::StoreError;
-use crate::store::StoreFuture;
+use crate::store::future::StoreFuture;
 use std::future::Future;
 use std::sync::OnceLock;
 use tokio::runtime::{Builder, Handle};

@@ -3,7 +3,7 @@
 //! cannot inject braces (moving the hash slot), newlines or unbounded length.
 
 use crate::key::Key;
-use crate::store::Namespace;
+use crate::store::call::Namespace;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 

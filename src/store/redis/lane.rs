@@ -55,13 +55,14 @@
 //!   answers what was queued with an error, so a store shared by several
 //!   runtimes keeps working from the others.
 
-use super::batch::{self, Job, JobReply};
+use super::batch::{self, Job, JobReply, MAX_BATCH};
+use super::error::{breaks_connection, redis_error};
+use super::eviction::{self, EvictionCheck};
 use super::node::{Conn, Node};
-use super::EvictionCheck;
 use crate::error::StoreError;
-use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::{self, Cmd, FromRedisValue, RedisError, RedisResult, Script, Value};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::aio::ConnectionLike;
+use redis::{self, Cmd, FromRedisValue, RedisError, RedisResult, Script, Value};
 use smallvec::SmallVec;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -69,10 +70,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
-
-/// The most requests one script call carries (about 0.2 ms of Redis time for
-/// single-quota policies, so no batch holds Redis for long).
-pub(crate) const MAX_BATCH: usize = 64;
 
 /// Batches one lane may have in flight at once.
 pub(crate) const BATCHES_IN_FLIGHT: usize = 4;
@@ -253,7 +250,7 @@ impl Lanes {
         let made = super::io::spawn(async move {
             let mut conn = node.connect().await?;
             if let Some(check) = eviction {
-                super::check_eviction(check, &mut conn, node.shown()).await?;
+                eviction::check_eviction(check, &mut conn, node.shown()).await?;
             }
             *slot = Some((conn.clone(), Instant::now()));
             Ok(conn)
@@ -656,30 +653,6 @@ impl Batch {
                     let _ = tx.send(Err(e.clone()));
                 }
             }
-        }
-    }
-}
-
-/// Whether a connection that produced `err` must not be used again.
-pub(crate) fn breaks_connection(err: &RedisError) -> bool {
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_timeout()
-        || err.is_unrecoverable_error()
-        || err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-}
-
-/// The store error for a redis-rs error.
-pub(crate) fn redis_error(err: RedisError) -> StoreError {
-    if err.is_timeout() {
-        StoreError::Unavailable(format!("redis timed out: {err}"))
-    } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-        StoreError::Unavailable(format!("redis connection failed: {err}"))
-    } else {
-        StoreError::Response {
-            code: err.code().map(str::to_owned),
-            message: err.to_string(),
         }
     }
 }

@@ -5,8 +5,8 @@
 
 use super::url::Redacted;
 use crate::error::{ConfigError, StoreError};
-use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
-use deadpool_redis::redis::{
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{
     self, io::tcp::TcpSettings, AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo,
     IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value,
 };

@@ -8,7 +8,7 @@ use crate::algorithm::{
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
 use crate::quota::{Algorithm, Policy, Quota};
-use deadpool_redis::redis::Cmd;
+use redis::Cmd;
 use smallvec::SmallVec;
 
 /// Adds a quota's arguments (code, field prefix, a, b, c, mode) to a script call.

@@ -9,7 +9,7 @@
 //! fixed-window batch does not pay for the other four algorithms.
 
 use crate::quota::Algorithm;
-use deadpool_redis::redis::Script;
+use redis::Script;
 use std::sync::LazyLock;
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
