@@ -74,9 +74,9 @@ use std::time::Duration;
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::rate::{Advisor, Limits, LimitsError, SharedLimits};
 use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
-use tower_ratelimit::store::{RedisStore, RedisStoreBuilder, ShardedStore, Store};
+use tower_ratelimit::store::{Coordinated, RedisStore, RedisStoreBuilder, ShardedStore, Store};
 use tower_ratelimit::{
-    Algorithm, Coordinated, DenyCache, HeaderStyle, OnStoreError, Policy, Quota, RateLimitLayer,
+    Algorithm, DenyCache, HeaderStyle, OnStoreError, Policy, Quota, RateLimitLayer,
 };
 
 #[derive(Parser, Debug)]
@@ -738,15 +738,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             if let Mode::Coordinated = args.mode {
                 // The counters go where the strict mode would keep each key.
                 let coordinated = if !args.redis_cluster.is_empty() {
-                    Coordinated::new(cluster_store(&args)?)
+                    Coordinated::builder(cluster_store(&args)?)
                 } else if args.redis_url.len() > 1 {
                     Coordinated::sharded(sharded_store(&args)?)
                 } else {
-                    Coordinated::new(single_store(&args)?)
+                    Coordinated::builder(single_store(&args)?)
                 };
-                builder = builder
-                    .coordinated(coordinated.sync_interval(args.sync_interval))
-                    .store(redis_store(&args)?);
+                builder = builder.store(coordinated.sync_interval(args.sync_interval).build()?);
             } else {
                 builder = builder.store(redis_store(&args)?);
             }

@@ -37,8 +37,9 @@ use plotters::prelude::*;
 use redis_support::{Cluster, RedisServer};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
+use tower_ratelimit::store::Coordinated;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{Coordinated, DenyCache};
+use tower_ratelimit::DenyCache;
 
 #[derive(Parser, Debug)]
 #[command(about = "Simulate a fleet under each rate limiter mode")]
@@ -142,6 +143,7 @@ impl Sim<'_> {
         let layers = (0..n)
             .map(|i| {
                 let mut b = fleet::instance(&format!("sim-{mode}-{start}"), limit, &clock);
+                let mut coordinated = None;
                 match mode {
                     // Every request goes to Redis: no local deny cache here.
                     "strict" => {
@@ -151,17 +153,20 @@ impl Sim<'_> {
                             .deny_cache(DenyCache::disabled())
                     }
                     "coordinated" => {
-                        b = b.coordinated(
-                            Coordinated::new(redis.store())
-                                .sync_interval(interval)
-                                .sync_timeout(Duration::from_secs(2))
-                                .manual_sync()
-                                .seed(7 + i as u64),
-                        )
+                        let c = Coordinated::builder(redis.store())
+                            .sync_interval(interval)
+                            .sync_timeout(Duration::from_secs(2))
+                            .manual_sync()
+                            .clock(clock.clone())
+                            .seed(7 + i as u64)
+                            .build()
+                            .unwrap();
+                        b = b.store(c.clone());
+                        coordinated = Some(c);
                     }
                     _ => {}
                 }
-                b.build().unwrap()
+                (b.build().unwrap(), coordinated)
             })
             .collect();
         Fleet::new(layers, clock, interval, keys, self.balancer)

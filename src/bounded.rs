@@ -152,6 +152,7 @@ impl<K: Hash + Eq, V: Entry> Bounded<K, V> {
     }
 
     /// Keeps only the entries for which `f` says `true`, shard by shard.
+    #[cfg(feature = "coordinated")]
     pub(crate) fn retain(&self, mut f: impl FnMut(&K, &mut V) -> bool) {
         for shard in self.shards.iter() {
             shard

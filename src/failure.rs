@@ -446,21 +446,6 @@ impl Guard {
         on_key_error(err)
     }
 
-    /// Counts and logs a request admitted without limit because what
-    /// would decide it is out of date (`why`: the coordinated mode's stale
-    /// share), not because a call failed: a fail-open decision.
-    pub(crate) fn opened(&self, why: &str, m: &StoreMetrics) {
-        m.fail_open.increment(1);
-        self.log.event(Log::StoreError, || {
-            tracing::warn!(
-                limiter = %self.name,
-                on_store_error = OnStoreError::FailOpen.label(),
-                "{} fails open: {why}",
-                self.what
-            );
-        });
-    }
-
     /// Counts and logs a failed call, and says what the policy does.
     pub(crate) fn failed(&self, err: &StoreError, m: &StoreMetrics) -> OnStoreError {
         m.store_error(err.kind());

@@ -8,8 +8,7 @@
 //! let limit = RateLimitLayer::builder()
 //!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
 //!     .key(PeerIp::new())
-//!     .build()?
-//!     .inner_body(); // answer in axum's own body type: no second box per response
+//!     .build()?;
 //! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(limit);
 //! # Ok::<(), tower_ratelimit::ConfigError>(())
 //! ```
@@ -27,6 +26,20 @@
 //! per process, `RedisStore` for the fleet), [`headers`] (what responses
 //! say), [`clock`], [`failure`] (what a store failure does), [`metrics`] and
 //! [`grpc`]. The builders share their common options: [`Builder`].
+//!
+//! Cargo features:
+//!
+//! | feature | adds |
+//! |---|---|
+//! | `axum` (default) | key extractors for axum's `ConnectInfo` and `MatchedPath` |
+//! | `redis` | the Redis store, `store::RedisStore` (redis-rs, Lua scripts) |
+//! | `tls` | `rediss://` URLs (rustls with ring) |
+//! | `sentinel` | a primary found through Redis Sentinel |
+//! | `cluster` | Redis Cluster |
+//! | `grpc` | key extractors for tonic's `TcpConnectInfo` |
+//! | `coordinated` | `store::Coordinated`: decides in the process, syncs with the fleet in the background |
+//! | `runtime-limits` | `RateLimitLayer::limits`: policies changed while serving (`rate::SharedLimits` with `redis`) |
+//! | `advisor` | `rate::Advisor`: usage per key and window, and suggested limits |
 //!
 //! See the README for the store choice, header semantics and the pitfalls
 //! of keying by client IP.
@@ -68,9 +81,6 @@ pub use failure::{CircuitBreaker, OnStoreError};
 pub use headers::HeaderStyle;
 pub use problem::default_key_error;
 pub use quota::{Algorithm, Policy, Quota};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use rate::Coordinated;
 pub use rate::{
     default_rejection, BodyMode, DenyCache, Dropped, InnerBody, RateLimit, RateLimitLayer,
     RateLimitLayerBuilder, Rejection, ResponseFuture, Status, StatusError, Usage, WrapBody,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_ratelimit::clock::ManualClock;
 use tower_ratelimit::key::Header;
+use tower_ratelimit::store::Coordinated;
 use tower_ratelimit::{Quota, RateLimitLayer, RateLimitLayerBuilder};
 
 /// How the balancer picks an instance for each request.
@@ -46,6 +47,8 @@ pub fn instance(name: &str, limit: u64, clock: &ManualClock) -> RateLimitLayerBu
 
 pub struct Fleet {
     layers: Vec<RateLimitLayer>,
+    /// Each instance's coordinated store, synced by hand at its phase.
+    coordinated: Vec<Option<Coordinated>>,
     clock: ManualClock,
     /// The instances that sync at each millisecond of the interval.
     syncs: Vec<Vec<usize>>,
@@ -64,11 +67,12 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// A fleet of `layers` on `clock`, syncing every `interval` at phases
+    /// A fleet of `instances` (a layer, and its coordinated store if it
+    /// has one) on `clock`, syncing every `interval` at phases
     /// spread evenly over its middle half, with requests spread over `keys`
     /// in turn.
     pub fn new(
-        layers: Vec<RateLimitLayer>,
+        instances: Vec<(RateLimitLayer, Option<Coordinated>)>,
         clock: ManualClock,
         interval: Duration,
         keys: usize,
@@ -76,6 +80,7 @@ impl Fleet {
     ) -> Self {
         let interval_ms = (interval.as_millis() as usize).max(1);
         let mut syncs = vec![Vec::new(); interval_ms];
+        let (layers, coordinated): (Vec<_>, Vec<_>) = instances.into_iter().unzip();
         let n = layers.len();
         for i in 0..n {
             syncs[interval_ms / 4 + i * interval_ms / (2 * n.max(1))].push(i);
@@ -93,6 +98,7 @@ impl Fleet {
         };
         Self {
             layers,
+            coordinated,
             clock,
             syncs,
             keys: (0..keys.max(1)).map(|k| format!("client-{k}")).collect(),
@@ -197,9 +203,12 @@ impl Fleet {
     async fn sync_due(&mut self) {
         use tower_ratelimit::clock::Clock;
         let phase = (self.clock.now_ms() % self.syncs.len() as u64) as usize;
+        let now = self.clock.now_ms();
         for &i in &self.syncs[phase] {
             // A failed sync is the mode's business (its keys go stale).
-            let _ = self.layers[i].sync_now().await;
+            if let Some(c) = &self.coordinated[i] {
+                let _ = c.sync_now(now).await;
+            }
         }
     }
 }

@@ -136,7 +136,7 @@ impl Key {
 
     /// The key whose [`as_bytes`](Self::as_bytes) is `enc`, when it can be
     /// one (as a store gives back what it was given).
-    #[cfg(feature = "redis")]
+    #[cfg(all(feature = "advisor", feature = "redis"))]
     pub(crate) fn decode(enc: &[u8]) -> Option<Self> {
         (!enc.is_empty() && enc.len() <= CAPACITY).then(|| Self::encoded(enc))
     }

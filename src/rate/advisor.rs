@@ -226,6 +226,15 @@ struct State {
 }
 
 /// A layer's advisor.
+/// The rate limiter's view of a recorder ([`Observe`](super::hooks::Observe)).
+pub(crate) struct Hook(pub(crate) Arc<Recorder>);
+
+impl super::hooks::Observe for Hook {
+    fn record(&self, key: Key, policy: &Policy, cost: u64, now_ms: u64) {
+        self.0.record(key, policy, cost, now_ms);
+    }
+}
+
 pub(crate) struct Recorder {
     cfg: Advisor,
     #[cfg(feature = "redis")]

@@ -16,7 +16,6 @@ use crate::bounded::{self, Bounded};
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::quota::Policy;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -90,8 +89,6 @@ impl bounded::Entry for Denial {
 pub(crate) struct Denials {
     /// By key and policy fingerprint (the policy itself is checked on a hit).
     map: Bounded<(Key, u64), Denial>,
-    /// The runtime limits' generation the cached rejections were made at.
-    generation: AtomicU64,
 }
 
 impl Denials {
@@ -99,18 +96,7 @@ impl Denials {
     pub(crate) fn new(cfg: DenyCache) -> Option<Self> {
         (cfg.max_keys > 0).then(|| Self {
             map: Bounded::new(cfg.max_keys, 16),
-            generation: AtomicU64::new(0),
         })
-    }
-
-    /// Forgets every rejection when the limits changed since they were
-    /// made (`generation`, from the runtime limits): a raised limit must
-    /// not go on rejecting from the cache.
-    pub(crate) fn limits_are(&self, generation: u64) {
-        if self.generation.load(Ordering::Acquire) != generation {
-            self.map.retain(|_, _| false);
-            self.generation.store(generation, Ordering::Release);
-        }
     }
 
     /// The cached rejection for `key` under `policy`, if it still holds

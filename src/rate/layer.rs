@@ -1,9 +1,11 @@
 //! [`RateLimitLayer`] and its builder.
 
-use super::advisor::{Advice, Advisor};
+#[cfg(feature = "advisor")]
+use super::advisor::{Advice, Advisor, Recorder};
 use super::body::{InnerBody, WrapBody};
 use super::deny_cache::{Denials, DenyCache};
 use super::limiter::{KeySource, Limiter, PolicySource, RejectionFn, Status, StatusError};
+#[cfg(feature = "runtime-limits")]
 use super::limits::{Limits, Table};
 use super::response::{default_rejection, Rejection};
 use super::service::RateLimit;
@@ -46,13 +48,27 @@ use tower_layer::Layer;
 /// [`inner_body`](Self::inner_body).
 pub struct RateLimitLayer<M = WrapBody> {
     limiter: Arc<Limiter>,
+    extras: Extras,
     body: PhantomData<fn() -> M>,
+}
+
+/// What the layer's extras keep beside the limiter, which reaches them only
+/// through its seams (`hooks.rs`).
+#[derive(Clone, Default)]
+struct Extras {
+    /// The runtime limits' table ([`RateLimitLayer::limits`]).
+    #[cfg(feature = "runtime-limits")]
+    limits: Option<Arc<Table>>,
+    /// The advisor's record ([`RateLimitLayer::advice`]).
+    #[cfg(feature = "advisor")]
+    advisor: Option<Arc<Recorder>>,
 }
 
 impl<M> Clone for RateLimitLayer<M> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
+            extras: self.extras.clone(),
             body: PhantomData,
         }
     }
@@ -77,11 +93,10 @@ pub struct Settings {
     status_extension: bool,
     on_rejection: Arc<RejectionFn>,
     deny_cache: DenyCache,
-    #[cfg(feature = "redis")]
-    coordinated: Option<super::coordinated::Coordinated>,
-    #[cfg(feature = "redis")]
+    #[cfg(all(feature = "runtime-limits", feature = "redis"))]
     shared_limits: Option<super::limits::SharedLimits>,
-    advisor: Option<super::advisor::Advisor>,
+    #[cfg(feature = "advisor")]
+    advisor: Option<Advisor>,
 }
 
 impl fmt::Debug for Settings {
@@ -112,10 +127,9 @@ impl RateLimitLayer {
                 status_extension: false,
                 on_rejection: Arc::new(default_rejection),
                 deny_cache: DenyCache::new(),
-                #[cfg(feature = "redis")]
-                coordinated: None,
-                #[cfg(feature = "redis")]
+                #[cfg(all(feature = "runtime-limits", feature = "redis"))]
                 shared_limits: None,
+                #[cfg(feature = "advisor")]
                 advisor: None,
             },
         )
@@ -169,6 +183,7 @@ impl RateLimitLayer {
         }
         RateLimitLayer {
             limiter: self.limiter,
+            extras: self.extras,
             body: PhantomData,
         }
     }
@@ -234,7 +249,9 @@ impl<M> RateLimitLayer<M> {
             skew.measure().await;
             skew.start();
         }
-        self.limits().refresh().await
+        #[cfg(feature = "runtime-limits")]
+        self.limits().refresh().await?;
+        Ok(())
     }
 
     /// The handle that changes this layer's limits while it serves, at
@@ -251,15 +268,20 @@ impl<M> RateLimitLayer<M> {
     ///     .unwrap();
     /// assert!(layer.limits().overrides().is_empty());
     /// ```
+    #[cfg(feature = "runtime-limits")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "runtime-limits")))]
     pub fn limits(&self) -> Limits {
-        Limits::new(self.limiter.limits.clone())
+        let table = self.extras.limits.clone();
+        Limits::new(table.expect("every layer built with runtime-limits has its table"))
     }
 
     /// What the [`advisor`](RateLimitLayerBuilder::advisor) saw over its
     /// closed windows, and the limits it suggests; `None` without one.
     /// This process's requests only.
+    #[cfg(feature = "advisor")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "advisor")))]
     pub fn advice(&self) -> Option<Advice> {
-        let advisor = self.limiter.advisor.as_ref()?;
+        let advisor = self.extras.advisor.as_ref()?;
         Some(advisor.advice(self.limiter.clock.now_ms()))
     }
 
@@ -267,29 +289,16 @@ impl<M> RateLimitLayer<M> {
     /// windows in Redis ([`Advisor::fleet`]): this instance's closed
     /// windows are sent first, then every instance's are read. Without
     /// `fleet`, this process's report; `Ok(None)` without an advisor.
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[cfg(all(feature = "advisor", feature = "redis"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "advisor", feature = "redis"))))]
     pub async fn fleet_advice(&self) -> Result<Option<Advice>, crate::StoreError> {
-        let Some(advisor) = &self.limiter.advisor else {
+        let Some(advisor) = &self.extras.advisor else {
             return Ok(None);
         };
         advisor
             .fleet_advice(self.limiter.clock.now_ms())
             .await
             .map(Some)
-    }
-
-    /// Coordinated mode: runs one sync now (report counts, read the fleet's,
-    /// set shares) at the layer's clock time. The background task does this
-    /// every interval; call it yourself with [`Coordinated::manual_sync`](crate::Coordinated::manual_sync).
-    /// Without the coordinated mode it does nothing.
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub async fn sync_now(&self) -> Result<(), crate::StoreError> {
-        match &self.limiter.coordinator {
-            Some(c) => c.sync(self.limiter.clock.now_ms()).await,
-            None => Ok(()),
-        }
     }
 }
 
@@ -726,33 +735,6 @@ impl Builder<Settings> {
         self
     }
 
-    /// Coordinated mode: decide locally, each instance holding each key to
-    /// its share of the limit, learned out of band from fleet-wide counts in
-    /// Redis: no store call on the request path, and limits that hold on
-    /// average rather than per request. A surge is met at once; the shares
-    /// follow a change in how the balancer spreads load within two sync
-    /// intervals.
-    /// See [`Coordinated`](crate::Coordinated). The layer's `store` is not used in this mode.
-    /// The mode counts requests: a fixed policy with a quota in another
-    /// unit (tokens, bytes) is refused, and such quotas in a policy chosen
-    /// per request are left open.
-    ///
-    /// ```
-    /// # use std::num::NonZeroU32;
-    /// use tower_ratelimit::{store::RedisStore, Coordinated, Quota, RateLimitLayer};
-    /// let layer = RateLimitLayer::builder()
-    ///     .quota(Quota::per_second(NonZeroU32::new(1000).unwrap()))
-    ///     .coordinated(Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()))
-    ///     .build()
-    ///     .unwrap();
-    /// ```
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn coordinated(mut self, coordinated: super::coordinated::Coordinated) -> Self {
-        self.kind.coordinated = Some(coordinated);
-        self
-    }
-
     /// Keeps the limits changed at runtime ([`RateLimitLayer::limits`]) in
     /// Redis, for every instance: see [`SharedLimits`](super::SharedLimits).
     ///
@@ -767,8 +749,8 @@ impl Builder<Settings> {
     ///     .build()
     ///     .unwrap();
     /// ```
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[cfg(all(feature = "runtime-limits", feature = "redis"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "runtime-limits", feature = "redis"))))]
     pub fn shared_limits(mut self, shared: super::limits::SharedLimits) -> Self {
         self.kind.shared_limits = Some(shared);
         self
@@ -788,6 +770,8 @@ impl Builder<Settings> {
     ///     .unwrap();
     /// assert_eq!(layer.advice().unwrap().windows, 0);
     /// ```
+    #[cfg(feature = "advisor")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "advisor")))]
     pub fn advisor(mut self, advisor: Advisor) -> Self {
         self.kind.advisor = Some(advisor);
         self
@@ -805,41 +789,42 @@ impl Builder<Settings> {
         let store = common.store();
         let backstop = crate::failure::backstop(&*store, common.store_timeout);
         let namespace = Namespace::new(&common.name);
-        #[cfg(feature = "redis")]
-        let coordinator = match kind.coordinated {
-            Some(_) if matches!(&policy, PolicySource::Static(p) if p.quotas().iter().any(|q| !q.counts_requests())) =>
-            {
-                return Err(ConfigError::new(
-                    "the coordinated mode counts requests: a quota in another unit (tokens, \
-                     bytes) is settled in the store, so limit it with a layer without the \
-                     coordinated mode",
-                ));
-            }
-            Some(c) => Some(Arc::new(super::coordinated::Coordinator::new(
-                c.check()?,
-                namespace.clone(),
-                common.clock.clone(),
-            ))),
-            None => None,
-        };
-        #[cfg(feature = "redis")]
-        let limits = {
-            let mut table = Table::new(coordinator.is_some());
+        if let PolicySource::Static(p) = &policy {
+            store.check_policy(p)?;
+        }
+        #[cfg_attr(
+            not(any(feature = "runtime-limits", feature = "advisor")),
+            allow(unused_mut)
+        )]
+        let mut extras = Extras::default();
+        #[cfg(feature = "runtime-limits")]
+        let overrides: Option<Arc<dyn super::hooks::Overrides>> = {
+            #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
+            let mut table = Table::new(store.clone());
+            #[cfg(feature = "redis")]
             if let Some(shared) = kind.shared_limits {
                 shared.check()?;
                 table.shared = Some(super::limits::Shared::new(shared, &namespace));
             }
-            table
+            let table = Arc::new(table);
+            table.start();
+            extras.limits = Some(table.clone());
+            Some(Arc::new(super::limits::Hook(table)))
         };
-        #[cfg(not(feature = "redis"))]
-        let limits = Table::new(false);
-        let advisor = match kind.advisor {
+        #[cfg(not(feature = "runtime-limits"))]
+        let overrides = None;
+        #[cfg(feature = "advisor")]
+        let observer: Option<Arc<dyn super::hooks::Observe>> = match kind.advisor {
             Some(a) => {
                 a.check()?;
-                Some(Arc::new(super::advisor::Recorder::new(a, &namespace)))
+                let recorder = Arc::new(Recorder::new(a, &namespace));
+                extras.advisor = Some(recorder.clone());
+                Some(Arc::new(super::advisor::Hook(recorder)))
             }
             None => None,
         };
+        #[cfg(not(feature = "advisor"))]
+        let observer = None;
         let claim = {
             let (what, unique) = match &policy {
                 PolicySource::Static(p) => (format!("rate limit {p}"), false),
@@ -886,12 +871,8 @@ impl Builder<Settings> {
                 clock: common.clock,
                 key: kind.key,
                 policy,
-                limits: {
-                    let limits = Arc::new(limits);
-                    limits.start();
-                    limits
-                },
-                advisor,
+                overrides,
+                observer,
                 cost: kind.cost,
                 reserve: kind.reserve,
                 settle: kind.settle,
@@ -914,9 +895,8 @@ impl Builder<Settings> {
                 metrics: Default::default(),
                 skew,
                 _name: claim,
-                #[cfg(feature = "redis")]
-                coordinator,
             }),
+            extras,
             body: PhantomData,
         })
     }

@@ -6,6 +6,7 @@
 //! only drives it; [`Limiter::status`] uses the same resolution.
 
 use super::deny_cache::Denials;
+use super::hooks::{Observe, Overrides};
 use super::response::Rejection;
 use super::settle::{Deferred, Dropped, Known, Usage};
 use crate::clock::Clock;
@@ -59,10 +60,10 @@ pub(crate) struct Limiter {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) key: KeySource,
     pub(crate) policy: PolicySource,
-    /// The limits changed at runtime, read before `policy`.
-    pub(crate) limits: Arc<super::limits::Table>,
-    /// Records usage per key and window, when asked to.
-    pub(crate) advisor: Option<Arc<super::advisor::Recorder>>,
+    /// Policies changed at runtime, read before `policy`.
+    pub(crate) overrides: Option<Arc<dyn Overrides>>,
+    /// Told of every charge (offered load), when something listens.
+    pub(crate) observer: Option<Arc<dyn Observe>>,
     pub(crate) cost: Option<Arc<CostFn>>,
     /// The reservation in quotas of other units (default: the cost).
     pub(crate) reserve: Option<Arc<CostFn>>,
@@ -98,9 +99,6 @@ pub(crate) struct Limiter {
     pub(crate) skew: Option<Arc<crate::skew::Skew>>,
     /// This limiter's hold on its name in its store.
     pub(crate) _name: crate::names::Claim,
-    /// The coordinated mode, when configured: decisions without store calls.
-    #[cfg(feature = "redis")]
-    pub(crate) coordinator: Option<Arc<super::coordinated::Coordinator>>,
 }
 
 /// What a request is limited under.
@@ -160,9 +158,6 @@ enum ChargedTo {
     Store,
     /// The in-process fallback store ([`OnStoreError::Local`]).
     Local,
-    /// Nowhere that takes refunds (the coordinated mode counts offered load).
-    #[cfg(feature = "redis")]
-    Nowhere,
 }
 
 /// A request's verdict: there at once (the memory store's answer, the deny
@@ -180,9 +175,6 @@ struct Asked {
     units: u64,
     now_ms: u64,
     grpc: bool,
-    /// The runtime limits' generation when it was charged: a rejection
-    /// decided under limits changed since is not cached.
-    generation: u64,
 }
 
 /// Where a charge's answer came from.
@@ -193,9 +185,6 @@ enum Source {
     Store(Option<failure::Permit>, Option<Instant>),
     /// The local deny cache, or the open breaker: nothing to record.
     Local,
-    /// The coordinated mode's local share of the limit (no store call).
-    #[cfg(feature = "redis")]
-    Coordinated,
 }
 
 impl Limiter {
@@ -224,12 +213,7 @@ impl Limiter {
 
     /// Charges the policy running in shadow (a runtime limit), in state of
     /// its own, off the response path, and counts its would-be rejection.
-    /// Not in the coordinated mode, which makes no store call per request.
     fn charge_shadow(&self, key: Key, candidate: Policy, cost: (u64, u64), now_ms: u64) {
-        #[cfg(feature = "redis")]
-        if self.coordinator.is_some() {
-            return;
-        }
         let call = Charge {
             namespace: &self.shadow_namespace,
             ..self.call(&key, &candidate, cost, now_ms)
@@ -279,7 +263,7 @@ impl Limiter {
             Ok(None) => return Ok(Resolution::Exempt),
             Err(e) => return Ok(Resolution::Failed(e)),
         };
-        if let Some(p) = self.limits.policy(&key) {
+        if let Some(p) = self.overrides.as_ref().and_then(|o| o.policy(&key)) {
             return Ok(Resolution::Found(key, p));
         }
         match &self.policy {
@@ -303,11 +287,13 @@ impl Limiter {
         parts: &Parts,
     ) -> Box<dyn FnOnce(Key) -> BoxFuture<Result<Policy, KeyError>> + Send> {
         let configured = self.configured_policy_later(parts);
-        let limits = self.limits.clone();
-        Box::new(move |k| match limits.policy(&k) {
-            Some(p) => Box::pin(std::future::ready(Ok(p))),
-            None => configured(k),
-        })
+        let overrides = self.overrides.clone();
+        Box::new(
+            move |k| match overrides.as_ref().and_then(|o| o.policy(&k)) {
+                Some(p) => Box::pin(std::future::ready(Ok(p))),
+                None => configured(k),
+            },
+        )
     }
 
     /// For an async key: how the configured policy is found once it is known.
@@ -333,7 +319,9 @@ impl Limiter {
 
     /// The whole path of one request to its verdict.
     pub(crate) fn decide(self: &Arc<Self>, parts: &Parts) -> Deciding {
-        self.limits.start();
+        if let Some(o) = &self.overrides {
+            o.start();
+        }
         if let Some(skew) = &self.skew {
             skew.start();
         }
@@ -353,7 +341,7 @@ impl Limiter {
     }
 
     /// Makes the one store call of a request (or answers from the
-    /// coordinated mode, the deny cache or the open breaker without one).
+    /// deny cache or the open breaker without one).
     fn charge(self: &Arc<Self>, resolution: Resolution, cost: (u64, u64), grpc: bool) -> Deciding {
         let (key, policy) = match resolution {
             Resolution::Found(key, policy) => (key, policy),
@@ -366,10 +354,10 @@ impl Limiter {
             }
         };
         let now_ms = self.clock.now_ms();
-        if let Some(advisor) = &self.advisor {
-            advisor.record(key, &policy, cost.0, now_ms);
+        if let Some(observer) = &self.observer {
+            observer.record(key, &policy, cost.0, now_ms);
         }
-        if let Some(candidate) = self.limits.shadow(&key) {
+        if let Some(candidate) = self.overrides.as_ref().and_then(|o| o.shadow(&key)) {
             self.charge_shadow(key, candidate, cost, now_ms);
         }
         let asked = Asked {
@@ -379,21 +367,8 @@ impl Limiter {
             units: cost.1,
             now_ms,
             grpc,
-            generation: self.limits.generation(),
         };
-        #[cfg(feature = "redis")]
-        if let Some(c) = &self.coordinator {
-            return Later::Now(match c.decide(&asked.key, &asked.policy, cost.0, now_ms) {
-                Ok(decision) => self.verdict(asked, Source::Coordinated, Ok(decision)),
-                Err(super::coordinated::Stale) => {
-                    let why = "a key's coordinated share is past its staleness bound (its counts did not sync)";
-                    self.guard.opened(why, self.metrics());
-                    Verdict::Forward(None)
-                }
-            });
-        }
         if let Some(denials) = &self.denials {
-            denials.limits_are(asked.generation);
             if let Some(decision) =
                 denials.check(&asked.key, &asked.policy, cost, self.clock.monotonic())
             {
@@ -447,17 +422,11 @@ impl Limiter {
         match result {
             Ok(decision) if decision.is_allowed() => {
                 m.allowed.increment(1);
-                let to = match source {
-                    #[cfg(feature = "redis")]
-                    Source::Coordinated => ChargedTo::Nowhere,
-                    _ => ChargedTo::Store,
-                };
-                Verdict::Forward(Some(self.charged(asked, decision, to)))
+                Verdict::Forward(Some(self.charged(asked, decision, ChargedTo::Store)))
             }
             Ok(decision) => {
-                // Only the store's own rejections are cached: not the deny
-                // cache's (already there), nor a coordinated drop (random:
-                // the next may pass).
+                // Only the store's own rejections are cached, not the deny
+                // cache's (already there).
                 let cache = matches!(source, Source::Store(..));
                 self.reject(asked, decision, cache)
             }
@@ -496,11 +465,7 @@ impl Limiter {
         }
         m.rejected.increment(1);
         if cache {
-            if let Some(d) = self
-                .denials
-                .as_ref()
-                .filter(|_| asked.generation == self.limits.generation())
-            {
+            if let Some(d) = &self.denials {
                 d.insert(
                     asked.key,
                     (asked.cost, asked.units),
@@ -661,8 +626,6 @@ impl Limiter {
     /// and shows the settled state in its statuses.
     fn settle_charge(self: &Arc<Self>, c: &mut Charged, actual: Vec<u64>) {
         let store: &dyn Store = match (&self.fallback, c.to) {
-            #[cfg(feature = "redis")]
-            (_, ChargedTo::Nowhere) => return,
             (Some(local), ChargedTo::Local) => local,
             _ => &*self.store,
         };
@@ -702,7 +665,9 @@ impl Limiter {
         self: Arc<Self>,
         parts: Parts,
     ) -> Result<Option<Status>, StatusError> {
-        self.limits.start();
+        if let Some(o) = &self.overrides {
+            o.start();
+        }
         let resolution = match self.resolve(&parts) {
             Ok(r) => r,
             Err(later) => later.await,

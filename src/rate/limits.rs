@@ -8,12 +8,14 @@
 //! `policy_fn` or `policy_async`). Each change replaces the whole table at
 //! once for every clone of the layer, so a request never sees half of one.
 
+use super::hooks::Overrides;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::quota::Policy;
+use crate::store::Store;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// The longest key an override names, in bytes.
@@ -96,24 +98,20 @@ pub(crate) struct Table {
     now: RwLock<Arc<Installed>>,
     /// Held while a change is made here, so two at once never lose one.
     changing: Mutex<()>,
-    /// Bumped by each change, so caches of decisions made under the old
-    /// limits (the deny cache) can drop them.
-    generation: AtomicU64,
-    /// The coordinated mode counts requests only.
-    requests_only: bool,
+    /// The layer's store, which says what policies it can enforce.
+    store: Arc<dyn Store>,
     #[cfg(feature = "redis")]
     pub(crate) shared: Option<shared::Shared>,
 }
 
 impl Table {
-    pub(crate) fn new(requests_only: bool) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
         Self {
             active: AtomicBool::new(false),
             shadowing: AtomicBool::new(false),
             now: RwLock::default(),
             changing: Mutex::new(()),
-            generation: AtomicU64::new(0),
-            requests_only,
+            store,
             #[cfg(feature = "redis")]
             shared: None,
         }
@@ -152,11 +150,6 @@ impl Table {
         }
     }
 
-    /// Changes so far: a cache of decisions made at another generation is stale.
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
     pub(crate) fn snapshot(&self) -> Arc<Installed> {
         self.now
             .read()
@@ -177,20 +170,13 @@ impl Table {
         let shadowing = next.shadow.is_some();
         let next = Arc::new(Installed { snap: next, by_key });
         *self.now.write().unwrap_or_else(PoisonError::into_inner) = next;
-        self.generation.fetch_add(1, Ordering::AcqRel);
         self.shadowing.store(shadowing, Ordering::Release);
         self.active.store(true, Ordering::Release);
     }
 
-    /// Why `policy` cannot be this layer's, if it cannot.
+    /// Why `policy` cannot be this layer's, if it cannot: its store says.
     pub(crate) fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        if self.requests_only && policy.quotas().iter().any(|q| !q.counts_requests()) {
-            return Err(ConfigError::new(
-                "this layer's coordinated mode counts requests: a quota in another unit \
-                 cannot be set at runtime",
-            ));
-        }
-        Ok(())
+        self.store.check_policy(policy)
     }
 
     /// Why `change` cannot be made to `snap`, if it cannot.
@@ -369,6 +355,25 @@ impl fmt::Debug for Limits {
             .field("shadow", &snap.shadow.as_ref().map(|p| p.to_string()))
             .field("overrides", &snap.keys.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// The rate limiter's view of a layer's table ([`Overrides`]).
+pub(crate) struct Hook(pub(crate) Arc<Table>);
+
+impl Overrides for Hook {
+    #[inline]
+    fn policy(&self, key: &Key) -> Option<Policy> {
+        self.0.policy(key)
+    }
+
+    #[inline]
+    fn shadow(&self, key: &Key) -> Option<Policy> {
+        self.0.shadow(key)
+    }
+
+    fn start(&self) {
+        self.0.start();
     }
 }
 

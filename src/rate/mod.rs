@@ -23,32 +23,34 @@
 //! gives everything back), or, when a later source may still speak (the
 //! trailers, the bytes sent, the handler's [`Usage`]), when the body ends.
 
+#[cfg(feature = "advisor")]
 mod advisor;
 mod body;
-#[cfg(feature = "redis")]
-mod coordinated;
 mod deny_cache;
 mod free;
 mod future;
+mod hooks;
 mod layer;
 mod limiter;
+#[cfg(feature = "runtime-limits")]
 mod limits;
 mod response;
 mod service;
 mod settle;
 
+#[cfg(feature = "advisor")]
+#[cfg_attr(docsrs, doc(cfg(feature = "advisor")))]
 pub use advisor::{current_limit, Advice, Advisor, KeyAdvice, TierAdvice, MAX_TIERS};
 pub use body::{BodyMode, InnerBody, WrapBody};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use coordinated::Coordinated;
 pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Settings};
 pub use limiter::{Status, StatusError};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[cfg(all(feature = "runtime-limits", feature = "redis"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "runtime-limits", feature = "redis"))))]
 pub use limits::SharedLimits;
+#[cfg(feature = "runtime-limits")]
+#[cfg_attr(docsrs, doc(cfg(feature = "runtime-limits")))]
 pub use limits::{Limits, LimitsError, MAX_OVERRIDES, MAX_OVERRIDE_KEY_LEN};
 pub use response::{default_rejection, Rejection};
 pub use service::RateLimit;

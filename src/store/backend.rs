@@ -4,8 +4,9 @@ use super::call::{Charge, Namespace, Settle};
 use super::future::StoreFuture;
 use super::slots::{Acquire, Occupancy, Release};
 use crate::decision::Decision;
-use crate::error::StoreError;
+use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
+use crate::quota::Policy;
 
 /// Where limiter state lives. One call per decision; each call is atomic.
 ///
@@ -98,6 +99,15 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Why the store cannot enforce `policy`, if it cannot: a layer with a
+    /// fixed policy asks when it is built, and runtime limits on every
+    /// change (a store that counts requests only refuses a quota in tokens,
+    /// say). Defaults to `Ok`.
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        let _ = policy;
+        Ok(())
+    }
+
     /// Where the store keeps its state, for telling whether two limiters
     /// would share it: two stores with the same identity do (clones of one
     /// store, or two Redis stores of one database and key prefix). A layer
@@ -165,6 +175,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn bounds_calls(&self) -> bool {
         (**self).bounds_calls()
+    }
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        (**self).check_policy(policy)
     }
     fn identity(&self) -> Option<String> {
         (**self).identity()

@@ -14,6 +14,8 @@
 
 mod backend;
 mod call;
+#[cfg(feature = "coordinated")]
+mod coordinated;
 mod future;
 mod memory;
 #[cfg(feature = "redis")]
@@ -21,17 +23,22 @@ mod redis;
 mod sharded;
 mod slots;
 
-#[cfg(feature = "redis")]
-pub(crate) use self::redis::{AdviceWindow, FleetAdvice, SharedTable, TableRead, TableWrite};
+#[cfg(all(feature = "advisor", feature = "redis"))]
+pub(crate) use self::redis::{AdviceWindow, FleetAdvice};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{EvictionCheck, RedisStore, RedisStoreBuilder, TimeSource};
+#[cfg(all(feature = "runtime-limits", feature = "redis"))]
+pub(crate) use self::redis::{SharedTable, TableRead, TableWrite};
 // The reply parsers, for the fuzz targets in `fuzz/` only.
 #[cfg(all(fuzzing, feature = "redis"))]
 #[doc(hidden)]
 pub use self::redis::fuzzing;
 pub use backend::Store;
 pub use call::{Charge, Namespace, Settle};
+#[cfg(feature = "coordinated")]
+#[cfg_attr(docsrs, doc(cfg(feature = "coordinated")))]
+pub use coordinated::{Coordinated, CoordinatedBuilder};
 pub use future::StoreFuture;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use sharded::{ShardedStore, ShardedStoreBuilder};

@@ -245,7 +245,7 @@ impl ShardedStore {
     }
 
     /// Each shard's Redis store, in order, when every shard is one.
-    #[cfg(feature = "redis")]
+    #[cfg(feature = "coordinated")]
     pub(crate) fn redis_shards(&self) -> Option<Vec<super::redis::RedisStore>> {
         self.inner.shards.iter().map(|s| s.redis.clone()).collect()
     }
@@ -324,6 +324,14 @@ impl Store for ShardedStore {
 
     fn failure_domains(&self) -> usize {
         self.inner.domains
+    }
+
+    /// Refused when any shard refuses it.
+    fn check_policy(&self, policy: &crate::quota::Policy) -> Result<(), crate::error::ConfigError> {
+        self.inner
+            .shards
+            .iter()
+            .try_for_each(|s| s.store.check_policy(policy))
     }
 
     /// Its shards' identities, when each has one.

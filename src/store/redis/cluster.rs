@@ -140,6 +140,7 @@ impl ClusterLane {
         }
     }
 
+    #[cfg(feature = "coordinated")]
     /// Sends single-key commands, all at once, each to the node serving
     /// its key and each within `budget`; the answer to each, in order. The
     /// client multiplexes the commands bound for one node on its connection

@@ -332,8 +332,14 @@ impl Lanes {
         self.answer(&conn, deadline, budget, sent).await
     }
 
-    /// Sends `pipe` in one round trip on the next lane within `budget` (the
-    /// coordinated mode's sync; never on a request's path).
+    /// Sends `pipe` in one round trip on the next lane within `budget` (shared
+    /// limits, the advisor's fleet report and the coordinated mode's sync;
+    /// never on a request's path).
+    #[cfg(any(
+        feature = "advisor",
+        feature = "runtime-limits",
+        feature = "coordinated"
+    ))]
     pub(crate) async fn query_pipeline(
         &self,
         pipe: &redis::Pipeline,

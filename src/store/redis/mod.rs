@@ -96,12 +96,15 @@
 //! (or jemalloc or mimalloc) helps. The measurements are in the
 //! repository's `docs/performance.md`.
 
+#[cfg(feature = "advisor")]
 mod advice;
 mod batch;
 mod builder;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod concurrency;
+#[cfg(feature = "coordinated")]
+mod counters;
 mod error;
 mod eviction;
 #[cfg(fuzzing)]
@@ -113,12 +116,18 @@ mod node;
 mod reply;
 mod scripts;
 mod store;
+#[cfg(feature = "runtime-limits")]
 mod table;
 mod url;
 
+#[cfg(feature = "advisor")]
 pub(crate) use advice::{FleetAdvice, Window as AdviceWindow};
 pub use builder::RedisStoreBuilder;
+#[cfg(feature = "coordinated")]
+pub(crate) use counters::{CounterSync, Report as CounterReport};
 pub use eviction::EvictionCheck;
+#[cfg(all(feature = "cluster", feature = "coordinated"))]
 pub(crate) use store::failed_all;
 pub use store::{RedisStore, TimeSource};
+#[cfg(feature = "runtime-limits")]
 pub(crate) use table::{Read as TableRead, Table as SharedTable, Write as TableWrite};

@@ -11,7 +11,7 @@ use crate::store::backend::Store;
 use crate::store::call::{Charge, Settle};
 use crate::store::future::StoreFuture;
 use crate::store::slots::{Acquire, Occupancy, Release};
-use redis::{self, Cmd, FromRedisValue};
+use redis::{self, FromRedisValue};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -110,6 +110,7 @@ impl Primary {
         }
     }
 
+    #[cfg(any(feature = "advisor", feature = "runtime-limits"))]
     /// Sends `pipe` in one round trip within `budget` (shared limits and
     /// the advisor's fleet report, whose keys share one hash slot). A
     /// cluster is refused when those are configured.
@@ -127,13 +128,14 @@ impl Primary {
         }
     }
 
+    #[cfg(feature = "coordinated")]
     /// Sends single-key commands in one round trip per node within
     /// `budget`: one pipeline to a standalone primary; on a cluster, each
     /// command to its key's node, multiplexed with the others bound there.
     /// The answer to each command, in order.
     pub(crate) async fn spread(
         &self,
-        cmds: &[Cmd],
+        cmds: &[redis::Cmd],
         budget: Duration,
     ) -> Vec<Result<redis::Value, StoreError>> {
         match self {
@@ -166,6 +168,7 @@ impl Primary {
     }
 }
 
+#[cfg(feature = "coordinated")]
 /// `n` answers, each the error `e` (every command of a call that failed whole).
 pub(crate) fn failed_all<T>(n: usize, e: StoreError) -> Vec<Result<T, StoreError>> {
     (0..n).map(|_| Err(e.clone())).collect()
@@ -198,7 +201,7 @@ impl RedisStore {
         &self.inner.name
     }
 
-    /// The primary's connections (for the coordinated mode's sync).
+    #[cfg(any(feature = "advisor", feature = "runtime-limits"))]
     /// Sends `pipe` to the primary in one round trip within `budget`, from
     /// the Redis I/O runtime (the coordinated mode's sync).
     pub(crate) async fn query_pipeline(
@@ -210,13 +213,14 @@ impl RedisStore {
         io::call(async move { inner.primary.query_pipeline(&pipe, budget).await }).await
     }
 
+    #[cfg(feature = "coordinated")]
     /// Sends single-key commands in one round trip per node (one pipeline
     /// to a standalone primary; on a cluster, multiplexed per node), from
     /// the Redis I/O runtime: the coordinated mode's sync. The answer to
     /// each command.
     pub(crate) async fn spread(
         &self,
-        cmds: Vec<Cmd>,
+        cmds: Vec<redis::Cmd>,
         budget: Duration,
     ) -> Vec<Result<redis::Value, StoreError>> {
         let inner = self.inner.clone();
@@ -226,6 +230,7 @@ impl RedisStore {
             .unwrap_or_else(|e| failed_all(n, e))
     }
 
+    #[cfg(any(feature = "advisor", feature = "runtime-limits"))]
     /// Whether this store talks to a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
         #[cfg(feature = "cluster")]

@@ -1,14 +1,15 @@
-//! Coordinated mode: fleet-wide limits with no store call on the request path.
+//! Coordinated mode: fleet-wide limits with no store call on the request
+//! path, as a [`Store`] that answers in this process and syncs with the
+//! fleet in the background (feature `coordinated`).
 //!
 //! Every sync interval, at a point in the middle half of the interval (on
 //! the wall clock every instance shares, chosen at random per instance), a
-//! background task per layer reports what this instance was offered and
-//! what it admitted into Redis counters, one pair per key and interval
-//! (the interval the requests arrived in), and reads back the fleet's
-//! counts for the interval before the last, which every instance reported
-//! at least half an interval earlier. From the offered counts each
-//! instance learns its **share** of the key's traffic, and so its share of
-//! the limit:
+//! background task reports what this instance was offered and what it
+//! admitted into Redis counters, one pair per key and interval (the
+//! interval the requests arrived in), and reads back the fleet's counts for
+//! the interval before the last, which every instance reported at least
+//! half an interval earlier. From the offered counts each instance learns
+//! its **share** of the key's traffic, and so its share of the limit:
 //!
 //! ```text
 //! allowance = correction × limit × (own offered ÷ fleet offered)
@@ -30,20 +31,24 @@
 //!
 //! Between syncs, each instance holds its admissions to its allowance with
 //! a local budget that refills at that rate and holds half a sync interval
-//! of it (see [`Coordinated::burst`]): a surge is met the moment it reaches
-//! an instance, and when it ends the instance admits again at once, with
-//! no ratio left to decay. An instance with no share yet (it just joined,
-//! or the key is new to it) drops at random with the fleet-wide ratio
-//! `(fleet − limit) ÷ fleet` instead.
+//! of it (see [`CoordinatedBuilder::burst`]): a surge is met the moment it
+//! reaches an instance, and when it ends the instance admits again at once,
+//! with no ratio left to decay. An instance with no share yet (it just
+//! joined, or the key is new to it) drops at random with the fleet-wide
+//! ratio `(fleet − limit) ÷ fleet` instead.
 //!
 //! ```no_run
 //! # fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::num::NonZeroU32;
 //! use std::time::Duration;
-//! use tower_ratelimit::{store::RedisStore, Coordinated, Quota, RateLimitLayer};
+//! use tower_ratelimit::store::{Coordinated, RedisStore};
+//! use tower_ratelimit::{Quota, RateLimitLayer};
+//! let coordinated = Coordinated::builder(RedisStore::new("redis://10.0.0.5")?)
+//!     .sync_interval(Duration::from_secs(1))
+//!     .build()?;
 //! let layer = RateLimitLayer::builder()
 //!     .quota(Quota::per_second(NonZeroU32::new(10_000).unwrap()))
-//!     .coordinated(Coordinated::new(RedisStore::new("redis://10.0.0.5")?).sync_interval(Duration::from_secs(1)))
+//!     .store(coordinated)
 //!     .build()?;
 //! # Ok(()) }
 //! ```
@@ -63,18 +68,17 @@
 //! - a key **new to the fleet** is admitted in full for its first two to
 //!   three intervals, until its first counts are read.
 //!
-//! Measured in the simulation (`examples/simulate.rs`, 4 instances, limit
-//! 200/s, 1 s sync, see `docs/performance.md`): a 15-fold surge admits
-//! 1.23 times the limit over its first 2 s (1.16 to 1.21 behind a random
-//! balancer) and the limit from then on, and the limit again from the
-//! first second after it. At 40/s with a 500 ms sync, offered 60/s, the
-//! mean admitted after settling is within 0.6% of the limit behind round
-//! robin and within 2% behind a random balancer, in each of 10 runs
-//! (without the correction: −3.1% to +0.4%). Offered exactly the limit,
-//! behind a random balancer, the correction reaches its bound and the
-//! fleet still admits about 6% less (12% less without it), and 4% to 10%
-//! less in the seconds after a surge, while the correction builds up
-//! again.
+//! The limit holds on average, not per request: `examples/simulate.rs`
+//! measures surges, low rates and balancers (figures in the repository's
+//! `docs/performance.md`).
+//!
+//! # What it counts
+//!
+//! It counts requests: a quota in another unit (tokens, bytes) is settled
+//! after the response, which this mode cannot do, so a fixed policy with one
+//! is refused when the layer is built, and one chosen per request is left
+//! open. A settlement or refund changes nothing (it counts offered load),
+//! and a status read shows what the last sync learned.
 //!
 //! # Redis load
 //!
@@ -87,46 +91,61 @@
 //! commands per second = 4 × instances × active keys per instance ÷ interval
 //! ```
 //!
-//! These cost Redis 2 to 3 µs each (measured with 1,000 simulated
-//! instances), so one primary takes about 100,000 a second at a quarter to
-//! a third of its core. With 10 active keys per instance and a 1 s
-//! interval, 1,000 instances send 40,000 commands a second (one Redis is
-//! plenty) and 10,000 instances 400,000: a Cluster of four or more
-//! primaries, or a longer interval. With 100 active keys, 1,000 instances
-//! send 400,000 and 10,000 send 4,000,000: about 40 primaries, or a 5 s
-//! interval and 8. Every instance also holds connections to every node:
-//! with thousands of instances, raise Redis's `maxclients` (default
-//! 10,000) or give the coordinated store fewer connections
-//! ([`RedisStoreBuilder::connections`](crate::store::RedisStoreBuilder::connections)).
+//! With many instances and keys, spread the counters over a Cluster
+//! (`RedisStore::cluster`) or shards ([`Coordinated::sharded`]), or
+//! lengthen the interval. Every instance also holds connections to every
+//! node: with thousands of instances, raise Redis's `maxclients`.
 //!
-//! A `RedisStore::cluster` or a [`ShardedStore`] ([`Coordinated::sharded`])
-//! spreads the counters over the nodes by key. If a node does not answer,
-//! only its keys keep their last shares, until the staleness bound (default
-//! three intervals); then they fail open: each of their requests is
-//! admitted without rate-limit headers and counted in
-//! `ratelimit_store_failure_decisions_total{action="open"}` (not as
-//! allowed), with a warning naming the limiter at most once a second.
-//! After an outage the counts of its intervals are partial, so shares take
-//! a few intervals to settle. Shadow mode counts would-be drops and drops
-//! nothing.
+//! If a node does not answer, only its keys keep their last shares, until
+//! the staleness bound (default three intervals); then their charges fail
+//! ([`StoreError::Unavailable`]) and the layer's failure policy answers them
+//! (by default admitted without headers, counted in
+//! `ratelimit_store_failure_decisions_total{action="open"}`). After an
+//! outage the counts of its intervals are partial, so shares take a few
+//! intervals to settle. A failed sync counts in
+//! `ratelimit_coordinated_sync_failures_total`.
 
+use super::call::{Charge, Namespace, Settle};
+use super::future::StoreFuture;
+use super::redis::{CounterReport, CounterSync, RedisStore};
+use super::sharded::ShardedStore;
+use super::Store;
 use crate::bounded::{self, Bounded};
-use crate::clock::Clock;
+use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::periodic::Periodic;
 use crate::quota::{Policy, Quota};
-use crate::store::{Namespace, RedisStore, ShardedStore};
-use redis::{self, Cmd, Value};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Settings of the coordinated mode ([`RateLimitLayerBuilder::coordinated`](crate::RateLimitLayerBuilder::coordinated)).
-#[derive(Clone, Debug)]
-#[must_use]
+/// The coordinated mode's store: decides in this process, holding each key
+/// to this instance's share of its limit, and syncs counts with the fleet
+/// through Redis in the background (see the [module](self)). Clones share
+/// one state; one store serves any number of layers, each in its own
+/// namespace.
+#[derive(Clone)]
 pub struct Coordinated {
+    inner: Arc<Shared>,
+}
+
+/// What the clones of a [`Coordinated`] share.
+struct Shared {
+    cfg: CoordinatedBuilder,
+    /// Where the counters live: each key's Redis.
+    stores: Vec<RedisStore>,
+    /// One coordinator per limiter (namespace id).
+    limiters: Mutex<HashMap<u64, Arc<Coordinator>>>,
+}
+
+/// Configures a [`Coordinated`] store.
+#[derive(Clone)]
+#[must_use]
+pub struct CoordinatedBuilder {
     counters: Counters,
     interval: Duration,
     burst: Option<Duration>,
@@ -135,6 +154,7 @@ pub struct Coordinated {
     seed: Option<u64>,
     background: bool,
     timeout: Option<Duration>,
+    clock: Arc<dyn Clock>,
 }
 
 /// Where the counters live.
@@ -142,32 +162,75 @@ pub struct Coordinated {
 enum Counters {
     /// One Redis (a standalone primary, Sentinel's primary, or a Cluster).
     One(RedisStore),
-    /// Spread over shards by key, as the sharded store places its keys;
-    /// the shards' Redis stores, once checked.
-    Sharded(ShardedStore, Vec<RedisStore>),
+    /// Spread over shards by key, as the sharded store places its keys.
+    Sharded(ShardedStore),
 }
 
 impl Coordinated {
-    /// Coordinates through `store`'s Redis: its primary, or on a Cluster the
-    /// primary serving each key's slot.
-    pub fn new(store: RedisStore) -> Self {
-        Self::with(Counters::One(store))
+    /// A coordinated store over `store`'s Redis, with the default settings.
+    pub fn new(store: RedisStore) -> Result<Self, ConfigError> {
+        Self::builder(store).build()
     }
 
-    /// Coordinates through the shards of `store`, each key's counters on the
-    /// shard that holds its state in the strict mode. Every shard must be a
-    /// Redis one (added with
+    /// Configures a coordinated store over `store`'s Redis: its primary, or
+    /// on a Cluster the primary serving each key's slot.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap())
+    ///     .sync_interval(Duration::from_millis(500))
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn builder(store: RedisStore) -> CoordinatedBuilder {
+        CoordinatedBuilder::with(Counters::One(store))
+    }
+
+    /// Configures a coordinated store whose counters are spread over the
+    /// shards of `store`, each key's on the shard that holds its state with
+    /// the sharded store itself. Every shard must be a Redis one (added with
     /// [`ShardedStoreBuilder::shard`](crate::store::ShardedStoreBuilder::shard)).
     ///
     /// ```no_run
-    /// # use tower_ratelimit::{store::ShardedStore, Coordinated};
+    /// use tower_ratelimit::store::{Coordinated, ShardedStore};
     /// let shards = ShardedStore::from_urls(["redis://10.0.0.1", "redis://10.0.0.2"]).unwrap();
-    /// let c = Coordinated::sharded(shards);
+    /// let c = Coordinated::sharded(shards).build().unwrap();
     /// ```
-    pub fn sharded(store: ShardedStore) -> Self {
-        Self::with(Counters::Sharded(store, Vec::new()))
+    pub fn sharded(store: ShardedStore) -> CoordinatedBuilder {
+        CoordinatedBuilder::with(Counters::Sharded(store))
     }
 
+    /// Runs one sync of every limiter now, at time `now_ms` (Unix ms; the
+    /// background task does this every interval): report counts, read the
+    /// fleet's, set shares. For tests and simulations that move time by hand
+    /// ([`CoordinatedBuilder::manual_sync`]).
+    pub async fn sync_now(&self, now_ms: u64) -> Result<(), StoreError> {
+        let limiters: Vec<_> = self.lock().values().cloned().collect();
+        let mut result = Ok(());
+        for c in limiters {
+            result = result.and(c.sync(now_ms).await);
+        }
+        result
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Coordinator>>> {
+        self.inner
+            .limiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The coordinator of limiter `namespace`, made on its first call.
+    fn coordinator(&self, namespace: &Namespace) -> Arc<Coordinator> {
+        self.lock()
+            .entry(namespace.id())
+            .or_insert_with(|| Arc::new(Coordinator::new(self.inner.clone(), namespace.clone())))
+            .clone()
+    }
+}
+
+impl CoordinatedBuilder {
     fn with(counters: Counters) -> Self {
         Self {
             counters,
@@ -178,15 +241,31 @@ impl Coordinated {
             seed: None,
             background: true,
             timeout: None,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The clock the background sync keeps time by, and staleness is
+    /// measured on (default [`SystemClock`]); give the layers' clock when
+    /// it is another ([`ManualClock`](crate::clock::ManualClock) in tests).
+    ///
+    /// ```
+    /// use tower_ratelimit::clock::ManualClock;
+    /// use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let clock = ManualClock::new(0);
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).clock(clock);
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The budget of one sync round trip (default: half the sync interval, at most 500 ms).
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
-    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).sync_timeout(Duration::from_millis(100));
+    /// # use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).sync_timeout(Duration::from_millis(100));
     /// ```
     pub fn sync_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -203,8 +282,8 @@ impl Coordinated {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
-    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).sync_interval(Duration::from_millis(500));
+    /// # use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).sync_interval(Duration::from_millis(500));
     /// ```
     pub fn sync_interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
@@ -222,8 +301,8 @@ impl Coordinated {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
-    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).burst(Duration::from_millis(200));
+    /// # use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).burst(Duration::from_millis(200));
     /// ```
     pub fn burst(mut self, burst: Duration) -> Self {
         self.burst = Some(burst);
@@ -235,8 +314,8 @@ impl Coordinated {
     /// afresh when it comes back).
     ///
     /// ```
-    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
-    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).max_keys(1_000);
+    /// # use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).max_keys(1_000);
     /// ```
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n.max(1);
@@ -248,8 +327,8 @@ impl Coordinated {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
-    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).staleness(Duration::from_secs(5));
+    /// # use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).staleness(Duration::from_secs(5));
     /// ```
     pub fn staleness(mut self, staleness: Duration) -> Self {
         self.staleness = Some(staleness);
@@ -259,8 +338,8 @@ impl Coordinated {
     /// Seeds the random draws (tests and simulations; default: random per process).
     ///
     /// ```
-    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
-    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).seed(42);
+    /// # use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).seed(42);
     /// ```
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -268,34 +347,111 @@ impl Coordinated {
     }
 
     /// Runs no background task: the application calls
-    /// [`RateLimitLayer::sync_now`](crate::RateLimitLayer::sync_now) itself
-    /// (tests and simulations that move time by hand).
+    /// [`Coordinated::sync_now`] itself (tests and simulations that move
+    /// time by hand).
     ///
     /// ```
-    /// # use tower_ratelimit::{store::RedisStore, Coordinated};
-    /// let c = Coordinated::new(RedisStore::new("redis://127.0.0.1").unwrap()).manual_sync();
+    /// # use tower_ratelimit::store::{Coordinated, RedisStore};
+    /// let c = Coordinated::builder(RedisStore::new("redis://127.0.0.1").unwrap()).manual_sync();
     /// ```
     pub fn manual_sync(mut self) -> Self {
         self.background = false;
         self
     }
 
-    /// Checks the settings when the layer is built.
-    pub(crate) fn check(mut self) -> Result<Self, ConfigError> {
+    /// Checks the settings and builds the store.
+    pub fn build(self) -> Result<Coordinated, ConfigError> {
         if self.interval.is_zero() {
             return Err(ConfigError::new(
                 "the coordinated sync interval must be above zero",
             ));
         }
-        if let Counters::Sharded(sharded, stores) = &mut self.counters {
-            *stores = sharded.redis_shards().ok_or_else(|| {
+        let stores = match &self.counters {
+            Counters::One(store) => vec![store.clone()],
+            Counters::Sharded(sharded) => sharded.redis_shards().ok_or_else(|| {
                 ConfigError::new(
                     "the coordinated mode keeps its counters in Redis: every shard of its \
                      sharded store must be a Redis store (ShardedStoreBuilder::shard)",
                 )
-            })?;
+            })?,
+        };
+        Ok(Coordinated {
+            inner: Arc::new(Shared {
+                cfg: self,
+                stores,
+                limiters: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for CoordinatedBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CoordinatedBuilder")
+            .field("counters", &self.counters)
+            .field("interval", &self.interval)
+            .field("burst", &self.burst)
+            .field("max_keys", &self.max_keys)
+            .field("staleness", &self.staleness)
+            .field("background", &self.background)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Coordinated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Coordinated")
+            .field("settings", &self.inner.cfg)
+            .field("limiters", &self.lock().len())
+            .finish()
+    }
+}
+
+impl Store for Coordinated {
+    fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        let c = self.coordinator(call.namespace);
+        StoreFuture::ready(
+            c.decide(call.key, call.policy, call.cost, call.now_ms)
+                .map_err(|Stale| {
+                    StoreError::Unavailable(
+                        "this key's coordinated share is past its staleness bound (its counts \
+                         did not sync)"
+                            .into(),
+                    )
+                }),
+        )
+    }
+
+    /// Nothing to give back or charge: the mode counts offered load.
+    fn settle(&self, _: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
+        StoreFuture::ready(Ok(()))
+    }
+
+    /// What the last sync learned of the key, charging nothing.
+    fn status(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
+        let c = self.coordinator(call.namespace);
+        StoreFuture::ready(Ok(c.peek(call.key, call.policy, call.now_ms)))
+    }
+
+    fn is_local(&self) -> bool {
+        true
+    }
+
+    /// A fixed policy with a quota in another unit than requests is
+    /// refused: this mode counts requests and settles nothing.
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        if policy.quotas().iter().any(|q| !q.counts_requests()) {
+            return Err(ConfigError::new(
+                "the coordinated mode counts requests: a quota in another unit (tokens, \
+                 bytes) is settled in the store, so limit it with a layer of another store",
+            ));
         }
-        Ok(self)
+        Ok(())
+    }
+
+    fn identity(&self) -> Option<String> {
+        let ids: Option<Vec<String>> = self.inner.stores.iter().map(Store::identity).collect();
+        Some(format!("coordinated[{}]", ids?.join(",")))
     }
 }
 
@@ -438,38 +594,25 @@ enum Verdict {
 }
 
 /// A key's share is past the staleness bound (no sync of it succeeded in
-/// that long): its request is admitted without limit, a fail-open decision.
+/// that long): its charge fails, and the failure policy answers it.
 #[derive(Debug)]
-pub(crate) struct Stale;
+struct Stale;
 
-/// One key's part of a sync.
-struct Item {
-    key: Key,
-    /// Which counter store holds it.
-    store: usize,
-    /// Intervals reported now, with their counts.
-    reports: Vec<Count>,
-    /// This instance's count in the interval read, if Redis confirmed it.
-    local: u64,
+/// The quota a request is held to: the one counting requests with the
+/// lowest rate (quotas in other units are left open), with its index.
+fn binding(policy: &Policy) -> Option<(usize, &Quota)> {
+    let rate = |q: &Quota| q.limit() as f64 / q.window_ms() as f64;
+    policy
+        .quotas()
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| q.counts_requests())
+        .min_by(|(_, a), (_, b)| rate(a).total_cmp(&rate(b)))
 }
 
-/// The commands of one sync for one counter store, each with the item it
-/// serves (`true` for the item's read).
-#[derive(Default)]
-struct Batch {
-    cmds: Vec<Cmd>,
-    owners: Vec<(usize, bool)>,
-}
-
-impl Batch {
-    fn push(&mut self, cmd: &mut Cmd, item: usize, read: bool) {
-        self.cmds.push(std::mem::take(cmd));
-        self.owners.push((item, read));
-    }
-}
-
-pub(crate) struct Coordinator {
-    cfg: Coordinated,
+/// One limiter's coordination (a layer's namespace in a [`Coordinated`]).
+struct Coordinator {
+    shared: Arc<Shared>,
     interval_ms: u64,
     /// When in each interval the background task syncs (ms after its start).
     phase_ms: u64,
@@ -477,13 +620,13 @@ pub(crate) struct Coordinator {
     staleness: Duration,
     namespace: Namespace,
     keys: Bounded<Key, Tracked>,
-    clock: Arc<dyn Clock>,
     background: Periodic,
-    rng: std::sync::Mutex<fastrand::Rng>,
+    rng: Mutex<fastrand::Rng>,
 }
 
 impl Coordinator {
-    pub(crate) fn new(cfg: Coordinated, namespace: Namespace, clock: Arc<dyn Clock>) -> Self {
+    fn new(shared: Arc<Shared>, namespace: Namespace) -> Self {
+        let cfg = &shared.cfg;
         let interval_ms = (cfg.interval.as_millis() as u64).max(1);
         let staleness = cfg.staleness.unwrap_or(cfg.interval.saturating_mul(3));
         let burst_ms = cfg
@@ -495,22 +638,25 @@ impl Coordinator {
         let phase_ms = interval_ms / 4 + rng.u64(0..(interval_ms / 2).max(1));
         Self {
             keys: Bounded::new(cfg.max_keys, 16),
-            cfg,
             interval_ms,
             phase_ms,
             burst_ms,
             staleness,
             namespace,
-            clock,
+            shared,
             background: Periodic::default(),
-            rng: std::sync::Mutex::new(rng),
+            rng: Mutex::new(rng),
         }
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &*self.shared.cfg.clock
     }
 
     /// The request path: hold the offer to the key's allowance (or its
     /// fleet ratio), and count it and whether it was admitted. A key whose
-    /// share is stale is admitted without limit, and says so.
-    pub(crate) fn decide(
+    /// share is stale is not decided here.
+    fn decide(
         self: &Arc<Self>,
         key: &Key,
         policy: &Policy,
@@ -518,33 +664,11 @@ impl Coordinator {
         now: u64,
     ) -> Result<Decision, Stale> {
         self.start_background();
-        // The binding quota is the request quota with the lowest rate; the
-        // mode counts requests, so quotas in other units are left open.
-        let open = |q: &Quota| QuotaStatus {
-            limit: q.limit(),
-            remaining: q.limit(),
-            reset_ms: now + self.interval_ms,
-            allowed: true,
-            ..QuotaStatus::default()
-        };
-        let Some((binding, q)) = policy
-            .quotas()
-            .iter()
-            .enumerate()
-            .filter(|(_, q)| q.counts_requests())
-            .min_by(|(_, a), (_, b)| {
-                let ra = a.limit() as f64 / a.window_ms() as f64;
-                let rb = b.limit() as f64 / b.window_ms() as f64;
-                ra.total_cmp(&rb)
-            })
-        else {
-            return Ok(Decision::from_statuses(
-                policy.quotas().iter().map(open),
-                cost,
-            ));
+        let Some((binding, q)) = binding(policy) else {
+            return Ok(self.answer(policy, None, now, cost));
         };
         let epoch = now / self.interval_ms;
-        let mono = self.clock.monotonic();
+        let mono = self.clock().monotonic();
         let ((verdict, fleet, stale), _) = self.keys.update(*key, epoch, |t| match t {
             Some(t) => {
                 t.limit = q.limit();
@@ -571,26 +695,61 @@ impl Coordinator {
             Verdict::Admit => None,
             Verdict::Drop(ms) => Some(ms),
         };
-        // Headers say what is known: the limit, and an estimate of what the
-        // fleet has left from the last interval read, scaled to the window.
-        let used = (fleet as f64 * q.window_ms() as f64 / self.interval_ms as f64).round() as u64;
-        let status = QuotaStatus {
+        Ok(self.answer(policy, Some((binding, fleet, retry_after_ms)), now, cost))
+    }
+
+    /// What the last sync learned of `key`, counting nothing: a status read.
+    fn peek(&self, key: &Key, policy: &Policy, now: u64) -> Decision {
+        let known = binding(policy).map(|(binding, _)| {
+            let fleet = self
+                .keys
+                .read(key, now / self.interval_ms, |t| t.fleet)
+                .unwrap_or(0);
+            (binding, fleet, None)
+        });
+        self.answer(policy, known, now, 0)
+    }
+
+    /// The statuses of a request of `cost` at `now`: the binding quota (its
+    /// index, the fleet's offered units in the interval read, when the
+    /// request may try again if dropped) in its own slot, with an estimate
+    /// of what the fleet has left scaled to the quota's window; every other
+    /// quota open.
+    fn answer(
+        &self,
+        policy: &Policy,
+        binding: Option<(usize, u64, Option<u64>)>,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let open = |q: &Quota| QuotaStatus {
             limit: q.limit(),
-            remaining: q.limit().saturating_sub(used),
+            remaining: q.limit(),
             reset_ms: now + self.interval_ms,
-            retry_after_ms: retry_after_ms.unwrap_or(0),
-            allowed: retry_after_ms.is_none(),
-            window_id: 0,
+            allowed: true,
             ..QuotaStatus::default()
         };
-        // The binding quota in its own slot, the others as open.
-        let statuses =
-            policy
-                .quotas()
-                .iter()
-                .enumerate()
-                .map(|(i, other)| if i == binding { status } else { open(other) });
-        Ok(Decision::from_statuses(statuses, cost))
+        let statuses = policy
+            .quotas()
+            .iter()
+            .enumerate()
+            .map(|(i, q)| match binding {
+                Some((b, fleet, retry_after_ms)) if b == i => {
+                    let used = (fleet as f64 * q.window_ms() as f64 / self.interval_ms as f64)
+                        .round() as u64;
+                    QuotaStatus {
+                        limit: q.limit(),
+                        remaining: q.limit().saturating_sub(used),
+                        reset_ms: now + self.interval_ms,
+                        retry_after_ms: retry_after_ms.unwrap_or(0),
+                        allowed: retry_after_ms.is_none(),
+                        window_id: 0,
+                        ..QuotaStatus::default()
+                    }
+                }
+                _ => open(q),
+            });
+        Decision::from_statuses(statuses, cost)
     }
 
     /// Holds one request of `cost` to the key's share, spending its budget.
@@ -634,57 +793,44 @@ impl Coordinator {
     }
 
     fn start_background(self: &Arc<Self>) {
-        if !self.cfg.background {
+        if !self.shared.cfg.background {
             return;
         }
-        self.background.start(self, self.cfg.interval, |this| async move {
+        self.background.start(self, self.shared.cfg.interval, |this| async move {
             // Sync at this instance's phase of the wall-clock interval, in
             // its middle half: an interval is reported at least half an
             // interval before anyone reads it, whatever the clocks' skew
             // and the syncs' latency (up to that), and the fleet's syncs
             // are spread over half of each interval.
-            let at = this.clock.now_ms() % this.interval_ms;
+            let at = this.clock().now_ms() % this.interval_ms;
             let wait = (this.phase_ms + this.interval_ms - at) % this.interval_ms;
             tokio::time::sleep(Duration::from_millis(wait)).await;
-            let now = this.clock.now_ms();
+            let now = this.clock().now_ms();
             if let Err(e) = this.sync(now).await {
-                tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed for some keys; they fail open after the staleness bound");
+                tracing::warn!(limiter = this.namespace.name(), error = %e, "coordinated rate limit sync failed for some keys; they fail after the staleness bound");
             }
         });
     }
 
-    fn stores(&self) -> &[RedisStore] {
-        match &self.cfg.counters {
-            Counters::One(store) => std::slice::from_ref(store),
-            Counters::Sharded(_, stores) => stores,
-        }
-    }
-
+    /// Which counter store holds `key`.
     fn store_of(&self, key: &Key) -> usize {
-        match &self.cfg.counters {
+        match &self.shared.cfg.counters {
             Counters::One(_) => 0,
-            Counters::Sharded(sharded, _) => sharded.index(&self.namespace, key),
+            Counters::Sharded(sharded) => sharded.index(&self.namespace, key),
         }
-    }
-
-    /// The hash of `key`'s counts in interval `epoch`: the fleet's offered
-    /// (`o`) and admitted (`a`) units.
-    fn counter(&self, store: usize, key: &Key, epoch: u64) -> String {
-        format!(
-            "{}:c:{epoch}",
-            self.stores()[store].redis_key(&self.namespace, key)
-        )
     }
 
     /// One sync at wall time `now` (Unix ms; every instance counts
-    /// intervals by it): report the interval that ended, read the fleet's
-    /// count of the one before it (which every instance reported during
-    /// the last interval), and set each key's share. One round trip per
-    /// Redis node.
-    pub(crate) async fn sync(&self, now: u64) -> Result<(), StoreError> {
+    /// intervals by it): report the intervals that ended, read the fleet's
+    /// counts of the one before the last (which every instance reported
+    /// during the last interval), and set each key's share. One round trip
+    /// per Redis node.
+    async fn sync(&self, now: u64) -> Result<(), StoreError> {
         let epoch = now / self.interval_ms;
         let read = epoch.saturating_sub(2);
-        let mut items: Vec<Item> = Vec::new();
+        // Per key: its counter store, its reports, and its own count in the
+        // interval read (if Redis confirmed it).
+        let mut items: Vec<(Key, usize, Vec<CounterReport>, u64)> = Vec::new();
         self.keys.retain(|key, t| {
             if bounded::Entry::expired(t, epoch) {
                 return false;
@@ -699,16 +845,15 @@ impl Coordinator {
                 .filter(|c| c.epoch > read && c.epoch < epoch)
             {
                 if c.offered > 0 && !c.sent {
-                    reports.push(*c);
+                    reports.push(CounterReport {
+                        epoch: c.epoch,
+                        offered: c.offered,
+                        admitted: c.admitted,
+                    });
                 }
                 c.sent = true;
             }
-            items.push(Item {
-                key: *key,
-                store: self.store_of(key),
-                reports,
-                local,
-            });
+            items.push((*key, self.store_of(key), reports, local));
             true
         });
         if items.is_empty() {
@@ -716,75 +861,65 @@ impl Coordinator {
         }
         // The counters outlive the read by an interval.
         let ttl = self.interval_ms.saturating_mul(4);
-        let mut batches: Vec<Batch> = self.stores().iter().map(|_| Batch::default()).collect();
-        for (i, item) in items.iter().enumerate() {
-            let batch = &mut batches[item.store];
-            for c in &item.reports {
-                let counter = self.counter(item.store, &item.key, c.epoch);
-                for (field, n) in [("o", c.offered), ("a", c.admitted)] {
-                    let n = n.min(i64::MAX as u64);
-                    batch.push(
-                        redis::cmd("HINCRBY").arg(&counter).arg(field).arg(n),
-                        i,
-                        false,
-                    );
-                }
-                batch.push(redis::cmd("PEXPIRE").arg(&counter).arg(ttl), i, false);
-            }
-            let counter = self.counter(item.store, &item.key, read);
-            batch.push(redis::cmd("HMGET").arg(counter).arg("o").arg("a"), i, true);
-        }
-        let budget = self.cfg.sync_budget();
-        let sends =
-            self.stores()
+        let budget = self.shared.cfg.sync_budget();
+        let sends = self.shared.stores.iter().enumerate().map(|(s, store)| {
+            let mine: Vec<usize> = (0..items.len()).filter(|&i| items[i].1 == s).collect();
+            let calls: Vec<CounterSync<'_>> = mine
                 .iter()
-                .zip(batches)
-                .filter(|(_, batch)| !batch.cmds.is_empty())
-                .map(|(store, batch)| async move {
-                    (store.spread(batch.cmds, budget).await, batch.owners)
-                });
-        // Per item: whether its reports landed, and the fleet's counts (or why not).
-        let mut landed = vec![true; items.len()];
-        let mut failure = None;
-        let mut fleet: Vec<Result<Tally, StoreError>> =
-            vec![Err(StoreError::Protocol("no answer".into())); items.len()];
-        for (replies, owners) in futures_util::future::join_all(sends).await {
-            for (reply, (i, read)) in replies.into_iter().zip(owners) {
-                match (reply, read) {
-                    (reply, true) => fleet[i] = reply.map(|v| Tally::from(&v)),
-                    (Err(e), false) => {
-                        landed[i] = false;
-                        failure.get_or_insert(e);
+                .map(|&i| CounterSync {
+                    key: &items[i].0,
+                    reports: &items[i].2,
+                    read,
+                })
+                .collect();
+            async move {
+                let synced = match calls.is_empty() {
+                    true => Vec::new(),
+                    false => {
+                        store
+                            .sync_counters(&self.namespace, &calls, ttl, budget)
+                            .await
                     }
-                    (Ok(_), false) => {}
-                }
+                };
+                (mine, synced)
             }
-        }
-        let mono = self.clock.monotonic();
-        for ((item, landed), fleet) in items.iter().zip(landed).zip(fleet) {
-            let fleet = match fleet {
-                Ok(n) => Some(n),
-                Err(e) => {
-                    failure.get_or_insert(e);
-                    None
-                }
-            };
-            self.keys.update(item.key, epoch, |t| {
-                if let Some(t) = t {
-                    if landed {
-                        for r in &item.reports {
-                            if let Some(c) = t.counts.iter_mut().find(|c| c.epoch == r.epoch) {
-                                c.landed = true;
+        });
+        let mut failure = None;
+        let mono = self.clock().monotonic();
+        for (mine, synced) in futures_util::future::join_all(sends).await {
+            for (i, s) in mine.into_iter().zip(synced) {
+                let (key, _, reports, local) = &items[i];
+                let landed = match s.landed {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        false
+                    }
+                };
+                let fleet = match s.fleet {
+                    Ok((offered, admitted)) => Some(Tally { offered, admitted }),
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        None
+                    }
+                };
+                self.keys.update(*key, epoch, |t| {
+                    if let Some(t) = t {
+                        if landed {
+                            for r in reports {
+                                if let Some(c) = t.counts.iter_mut().find(|c| c.epoch == r.epoch) {
+                                    c.landed = true;
+                                }
                             }
                         }
+                        if let Some(fleet) = fleet {
+                            self.learn(t, *local, fleet, now);
+                            t.synced = mono;
+                        }
                     }
-                    if let Some(fleet) = fleet {
-                        self.learn(t, item.local, fleet, now);
-                        t.synced = mono;
-                    }
-                }
-                ((), None)
-            });
+                    ((), None)
+                });
+            }
         }
         match failure {
             Some(e) => {
@@ -860,32 +995,6 @@ impl Coordinator {
 struct Tally {
     offered: u64,
     admitted: u64,
-}
-
-impl From<&Value> for Tally {
-    /// From an `HMGET` of the offered and admitted fields (missing: 0).
-    fn from(v: &Value) -> Self {
-        let Value::Array(fields) = v else {
-            return Self::default();
-        };
-        let field = |i: usize| fields.get(i).map_or(0, count);
-        Self {
-            offered: field(0),
-            admitted: field(1),
-        }
-    }
-}
-
-/// The number a counter field holds (none: 0).
-fn count(v: &Value) -> u64 {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0),
-        Value::Int(i) => (*i).max(0) as u64,
-        _ => 0,
-    }
 }
 
 #[cfg(test)]
