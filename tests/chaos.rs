@@ -18,7 +18,7 @@ mod redis_support;
 use axum::{routing::get, Router};
 use http::{Request, StatusCode};
 use managed::{sentinels, wait_for_master, Sentinel, SentinelOptions, MASTER};
-use redis_support::{assert_every_key_has_a_ttl, poll_until, wait_until, RedisServer};
+use redis_support::{assert_every_key_has_a_ttl, poll_until, wait_until, RedisServer, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -175,9 +175,10 @@ impl Fleet {
                 let (p, r): (Vec<_>, Vec<_>) = self.servers.iter().partition(|s| s.port() == old);
                 r[0].wait_for_sync(p[0]);
                 let new = r[0].port();
-                self.sentinels[0]
-                    .cmd(&["SENTINEL", "FAILOVER", MASTER])
-                    .assert_ok();
+                assert_eq!(
+                    self.sentinels[0].cmd(&["SENTINEL", "FAILOVER", MASTER]),
+                    Value::Okay
+                );
                 // Sentinel may abort a failover, as it does when the
                 // primary restarted shortly before (a fault just before this
                 // one): asked again, twice. If it still refuses, the primary

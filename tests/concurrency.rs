@@ -169,7 +169,7 @@ fn slots_key(server: &RedisServer, client: &str) -> String {
 }
 
 fn zcard(server: &RedisServer, key: &str) -> i64 {
-    server.cmd(&["ZCARD", key]).as_int()
+    server.query::<i64>(&["ZCARD", key])
 }
 
 /// Polls `cond` until it holds; panics after `within` (for spawned releases).
@@ -511,15 +511,14 @@ async fn a_slot_counts_while_its_lease_lasts_by_redis_s_clock_and_a_release_that
     let after = redis.time_ms();
     assert!(o.acquired && o.in_flight == 1);
     let score: u64 = redis
-        .cmd(&["ZSCORE", &key, &first.to_string()])
-        .as_string()
+        .query::<String>(&["ZSCORE", &key, &first.to_string()])
         .parse()
         .unwrap();
     assert!(
         (before + 1_000..=after + 1_000).contains(&score),
         "leased until Redis TIME + 1 s: {score} not in {before}..={after} + 1000"
     );
-    let pttl = redis.cmd(&["PTTL", &key]).as_int();
+    let pttl = redis.query::<i64>(&["PTTL", &key]);
     assert!(
         pttl > 0 && pttl <= 2_000,
         "the key expires with its lease: {pttl}"
@@ -543,7 +542,7 @@ async fn a_slot_counts_while_its_lease_lasts_by_redis_s_clock_and_a_release_that
         o.acquired && o.in_flight == 1,
         "the expired slot was dropped"
     );
-    let members = redis.cmd(&["ZRANGE", &key, "0", "-1"]).as_strings();
+    let members = redis.query::<Vec<String>>(&["ZRANGE", &key, "0", "-1"]);
     assert_eq!(members, [second.to_string()]);
 
     // A release that reaches Redis before its acquire (an abandoned or timed-out
@@ -762,8 +761,7 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
     let r = fetch(&c, &demo.url("/"), "k").await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     let scores: Vec<u64> = redis
-        .cmd(&["ZRANGE", &key, "0", "-1", "WITHSCORES"])
-        .as_strings()
+        .query::<Vec<String>>(&["ZRANGE", &key, "0", "-1", "WITHSCORES"])
         .chunks(2)
         .map(|m| m[1].parse().unwrap())
         .collect();
@@ -789,7 +787,7 @@ async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_no
             "{s}"
         );
     }
-    let expire_at = redis.cmd(&["PEXPIRETIME", &key]).as_int() as u64;
+    let expire_at = redis.query::<i64>(&["PEXPIRETIME", &key]) as u64;
     let last = scores.iter().max().unwrap() + 1_000;
     assert!(
         (last..=last + 2).contains(&expire_at),
@@ -949,7 +947,7 @@ async fn on_a_redis_cluster_slots_and_tombstones_share_one_hash_slot() {
     assert!(store.acquire(&call(a)).await.unwrap().acquired);
     assert!(store.acquire(&call(b)).await.unwrap().acquired);
     assert!(!store.acquire(&call(SlotId::next())).await.unwrap().acquired);
-    assert_eq!(node.cmd(&["ZCARD", &key]).as_int(), 2);
+    assert_eq!(node.query::<i64>(&["ZCARD", &key]), 2);
     let release = |id| Release {
         namespace: &ns,
         key: &k,
@@ -964,5 +962,5 @@ async fn on_a_redis_cluster_slots_and_tombstones_share_one_hash_slot() {
     store.release(&release(late)).await.unwrap();
     assert!(!store.acquire(&call(late)).await.unwrap().acquired);
     store.release(&release(b)).await.unwrap();
-    assert_eq!(node.cmd(&["ZCARD", &key]).as_int(), 0);
+    assert_eq!(node.query::<i64>(&["ZCARD", &key]), 0);
 }

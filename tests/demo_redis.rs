@@ -62,7 +62,7 @@ async fn limits_clients(demo: &Running, clients: usize) {
 }
 
 fn dbsize(s: &RedisServer) -> i64 {
-    s.cmd(&["DBSIZE"]).as_int()
+    s.query::<i64>(&["DBSIZE"])
 }
 
 #[tokio::test]

@@ -164,7 +164,7 @@ async fn two_instances_on_one_redis_never_serve_more_low_requests_than_their_sha
         assert_eq!(entered.recv().await, Some(Priority::Low));
     }
     assert_eq!(
-        redis.cmd(&["ZCARD", &key]).as_int(),
+        redis.query::<i64>(&["ZCARD", &key]),
         7,
         "seven slots in Redis"
     );
@@ -199,7 +199,7 @@ async fn two_instances_on_one_redis_never_serve_more_low_requests_than_their_sha
         assert_eq!(r.unwrap().status, StatusCode::OK);
     }
     eventually(Duration::from_secs(5), "every fleet slot released", || {
-        redis.cmd(&["ZCARD", &key]).as_int() == 0
+        redis.query::<i64>(&["ZCARD", &key]) == 0
     })
     .await;
     let mut again = JoinSet::new();
@@ -259,7 +259,7 @@ async fn slots_an_instance_never_gave_back_count_until_their_lease_ends_by_redis
         std::mem::forget(res);
     }
     let key = fleet_key(&redis, name);
-    assert_eq!(redis.cmd(&["ZCARD", &key]).as_int(), 2);
+    assert_eq!(redis.query::<i64>(&["ZCARD", &key]), 2);
     // Low may use floor(0.7 × 2) = 1: refused while the lost slots count,
     // whatever this instance's clock says (Redis's clock times leases).
     clock.advance(Duration::from_secs(3_600));
@@ -405,7 +405,7 @@ async fn shadow_mode_counts_fleet_sheds_and_sheds_nothing() {
         assert_eq!(entered.recv().await, Some(Priority::Low));
     }
     // Low may use 1 of 2: three would have been shed; none held a slot.
-    assert_eq!(redis.cmd(&["ZCARD", &fleet_key(&redis, name)]).as_int(), 1);
+    assert_eq!(redis.query::<i64>(&["ZCARD", &fleet_key(&redis, name)]), 1);
     probe.gate.add_permits(4);
     while let Some(s) = running.join_next().await {
         assert_eq!(s.unwrap(), StatusCode::OK);
@@ -461,7 +461,7 @@ async fn two_demo_instances_with_a_fleet_capacity_of_10_serve_at_most_7_low_requ
         shed += 1;
     }
     // Seven run (the others were all answered): the fleet holds seven slots.
-    assert_eq!(redis.cmd(&["ZCARD", &key]).as_int(), 7);
+    assert_eq!(redis.query::<i64>(&["ZCARD", &key]), 7);
     assert_shed(
         &send(&c, &demos[0].url("/"), Priority::Low).await,
         Priority::Low,
@@ -480,7 +480,7 @@ async fn two_demo_instances_with_a_fleet_capacity_of_10_serve_at_most_7_low_requ
     eventually(
         Duration::from_secs(10),
         "the flood's slots released",
-        || redis.cmd(&["ZCARD", &key]).as_int() == 0,
+        || redis.query::<i64>(&["ZCARD", &key]) == 0,
     )
     .await;
     for d in &demos {

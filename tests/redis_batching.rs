@@ -409,13 +409,13 @@ async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
     }
     for k in &kept {
         assert_eq!(
-            server.cmd(&["EXISTS", &store.redis_key(&ns, k)]).as_int(),
+            server.query::<i64>(&["EXISTS", &store.redis_key(&ns, k)]),
             1
         );
     }
     for k in &gone {
         assert_eq!(
-            server.cmd(&["EXISTS", &store.redis_key(&ns, k)]).as_int(),
+            server.query::<i64>(&["EXISTS", &store.redis_key(&ns, k)]),
             0,
             "a cancelled charge was sent"
         );
@@ -477,8 +477,8 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
     );
     let admitted = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(admitted, 4_096);
-    let count = server.cmd(&["HGET", &store.redis_key(&ns, &key), "fw60000c"]);
-    assert_eq!(count.as_string(), "4096");
+    let count: String = server.query(&["HGET", &store.redis_key(&ns, &key), "fw60000c"]);
+    assert_eq!(count, "4096");
 }
 
 /// A shadow policy's charges (no request waits for them) take at most an
@@ -642,9 +642,11 @@ async fn the_urls_user_password_and_database_hold_for_charges() {
     // The state is in database 3, not 0.
     let mut conn = server.conn();
     let redis_key = store.redis_key(&ns, &key);
-    assert_eq!(conn.cmd(&["EXISTS", &redis_key]).unwrap().as_int(), 0);
-    conn.cmd(&["SELECT", "3"]).unwrap().assert_ok();
-    assert_eq!(conn.cmd(&["EXISTS", &redis_key]).unwrap().as_int(), 1);
+    let mut exists = redis::cmd("EXISTS");
+    exists.arg(&redis_key);
+    assert_eq!(exists.query::<i64>(&mut conn).unwrap(), 0);
+    redis::cmd("SELECT").arg(3).exec(&mut conn).unwrap();
+    assert_eq!(exists.query::<i64>(&mut conn).unwrap(), 1);
 
     // A wrong password is a clear store error, not a hang or a panic.
     let wrong = format!("redis://alice:nope@127.0.0.1:{}/3", server.port());
@@ -826,7 +828,7 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
             store.redis_key(&single, key),
         );
         let mut fields = |name: &str| {
-            let mut f = conn.cmd(&["HGETALL", name]).unwrap().as_strings();
+            let mut f: Vec<String> = redis::cmd("HGETALL").arg(name).query(&mut conn).unwrap();
             f.sort();
             f
         };
@@ -835,7 +837,12 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
         // absolute time judged by Redis's clock), so each key expires that
         // long after Redis ran its script: the TTL each set is bounded by
         // when its calls ran, and the two ways set the same TTLs.
-        let mut expiry = |name: &str| conn.cmd(&["PEXPIRETIME", name]).unwrap().as_int();
+        let mut expiry = |name: &str| {
+            redis::cmd("PEXPIRETIME")
+                .arg(name)
+                .query::<i64>(&mut conn)
+                .unwrap()
+        };
         let (ea, eb) = (expiry(&a), expiry(&b));
         if ea < 0 || eb < 0 {
             assert_eq!(
@@ -926,13 +933,13 @@ async fn a_charge_that_timed_out_is_never_sent_again() {
     redis_support::wait_until(
         Duration::from_secs(5),
         "the paused call to run",
-        || (server.cmd(&["EXISTS", &hash]).as_int() == 1).then_some(()),
+        || (server.query::<i64>(&["EXISTS", &hash]) == 1).then_some(()),
         String::new,
     );
     let later = charge(&store, &ns, &Key::new("other"), &p, now).await;
     assert!(later.unwrap().is_allowed(), "the store works on");
     assert_eq!(
-        server.cmd(&["HGET", &hash, "fw60000c"]).as_string(),
+        server.query::<String>(&["HGET", &hash, "fw60000c"]),
         "1",
         "charged once"
     );

@@ -8,7 +8,7 @@
 mod redis_support;
 
 use axum::{http::StatusCode, routing::get, Router};
-use redis_support::{require_redis, Cluster, RedisServer};
+use redis_support::{require_redis, Cluster, RedisServer, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -245,16 +245,20 @@ async fn limiting_continues_with_the_count_preserved_after_a_master_is_replaced_
 /// has left and the slot is still migrating; returns the slot.
 fn migrate_key(cluster: &Cluster, key: &str, to: &RedisServer) -> String {
     let from = cluster.master_for_key(key);
-    let slot = from.cmd(&["CLUSTER", "KEYSLOT", key]).as_int().to_string();
-    let from_id = from.cmd(&["CLUSTER", "MYID"]).as_string();
-    let to_id = to.cmd(&["CLUSTER", "MYID"]).as_string();
-    to.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id])
-        .assert_ok();
-    from.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id])
-        .assert_ok();
+    let slot = from.query::<i64>(&["CLUSTER", "KEYSLOT", key]).to_string();
+    let from_id = from.query::<String>(&["CLUSTER", "MYID"]);
+    let to_id = to.query::<String>(&["CLUSTER", "MYID"]);
+    assert_eq!(
+        to.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]),
+        Value::Okay
+    );
+    assert_eq!(
+        from.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]),
+        Value::Okay
+    );
     let port = to.port().to_string();
     let r = from.cmd(&["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
-    assert!(r.is_ok(), "MIGRATE: {r:?}");
+    assert_eq!(r, Value::Okay, "MIGRATE");
     slot
 }
 
@@ -293,12 +297,14 @@ async fn a_slot_migration_is_followed_through_ask_and_then_moved_with_the_count_
     assert_eq!(send(&app, client).await, (StatusCode::OK, Some(5)));
     assert_eq!(to.command_calls("asking"), 4);
     // The migration ends: every master learns the slot's new owner, the old one answers MOVED.
-    let to_id = to.cmd(&["CLUSTER", "MYID"]).as_string();
+    let to_id = to.query::<String>(&["CLUSTER", "MYID"]);
     for i in cluster.master_indices() {
-        cluster
-            .node(i)
-            .cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id])
-            .assert_ok();
+        assert_eq!(
+            cluster
+                .node(i)
+                .cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]),
+            Value::Okay
+        );
     }
     for remaining in (0..5).rev() {
         assert_eq!(send(&app, client).await, (StatusCode::OK, Some(remaining)));

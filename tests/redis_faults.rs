@@ -12,7 +12,7 @@ mod redis_support;
 use axum::{http::StatusCode, routing::get, Router};
 use http_support::{HttpClient, Reply, TestServer};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use redis_support::{require_redis, RedisServer};
+use redis_support::{require_redis, RedisServer, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -215,7 +215,10 @@ async fn oom_under_noeviction_is_a_store_error_never_a_429() {
     let mut i = 0;
     for size in [64 * 1024, 4096, 256, 16] {
         let blob = "x".repeat(size);
-        while !server.cmd(&["SET", &format!("junk{i}"), &blob]).is_error() {
+        while !matches!(
+            server.cmd(&["SET", &format!("junk{i}"), &blob]),
+            Value::ServerError(_)
+        ) {
             i += 1;
             assert!(i < 100_000, "Redis never ran out of memory");
         }
@@ -311,8 +314,7 @@ async fn readonly_from_a_demoted_primary_is_a_store_error_and_the_connection_is_
     // other commands).
     let script_clients = || -> Vec<String> {
         primary
-            .cmd(&["CLIENT", "LIST"])
-            .as_string()
+            .query::<String>(&["CLIENT", "LIST"])
             .lines()
             .filter(|l| l.contains("cmd=evalsha") || l.contains("cmd=eval "))
             .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
@@ -639,7 +641,7 @@ async fn an_allkeys_lru_redis_is_warned_about_and_evicted_state_reads_as_a_fresh
     let redis_key = store.redis_key(&ns, &key);
     let blob = "y".repeat(32 * 1024);
     let mut i = 0;
-    while server.cmd(&["EXISTS", &redis_key]).as_int() == 1 {
+    while server.query::<i64>(&["EXISTS", &redis_key]) == 1 {
         server.cmd(&["SET", &format!("junk{i}"), &blob]);
         i += 1;
         assert!(i < 10_000, "the limiter key was never evicted");
@@ -735,7 +737,7 @@ async fn one_pause_under_batched_load_is_one_failure_and_a_dead_redis_opens_the_
         server.command_calls("evalsha"),
         decided.load(Ordering::Relaxed),
     );
-    server.cmd(&["CLIENT", "PAUSE", "75", "ALL"]).assert_ok();
+    assert_eq!(server.cmd(&["CLIENT", "PAUSE", "75", "ALL"]), Value::Okay);
     tokio::time::sleep(Duration::from_millis(600)).await;
     stop.store(true, Ordering::Relaxed);
     for w in workers {

@@ -10,7 +10,7 @@ mod redis_support;
 use axum::{routing::get, Router};
 use http::StatusCode;
 use managed::{sentinels, wait_for_master, Sentinel, SentinelOptions, MASTER};
-use redis_support::RedisServer;
+use redis_support::{RedisServer, Value};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -102,8 +102,7 @@ async fn send(app: &Router, client: &str) -> (StatusCode, Option<u64>) {
 /// Which users the server's clients are authenticated as.
 fn users(server: &RedisServer) -> Vec<String> {
     server
-        .cmd(&["CLIENT", "LIST"])
-        .as_string()
+        .query::<String>(&["CLIENT", "LIST"])
         .lines()
         .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("user=")))
         .map(str::to_owned)
@@ -145,8 +144,7 @@ async fn the_primary_is_found_through_sentinel_with_passwords_for_both_and_repli
 
     // The sentinels were asked as their own user.
     assert!(sentinels.iter().any(|s| s
-        .cmd(&["CLIENT", "LIST"])
-        .as_string()
+        .query::<String>(&["CLIENT", "LIST"])
         .contains("user=watcher")));
 
     // A wrong sentinel password is a clear store error (503 here), not a hang.
@@ -225,9 +223,9 @@ async fn a_sentinel_failover_under_load_moves_charges_to_the_promoted_replica_ea
     tokio::task::spawn_blocking(move || {
         // Writes wait on the old primary until the pause ends; Sentinel's
         // reconfiguration of it (a transaction) runs then too.
-        p.cmd(&["CLIENT", "PAUSE", "4000", "WRITE"]).assert_ok();
+        assert_eq!(p.cmd(&["CLIENT", "PAUSE", "4000", "WRITE"]), Value::Okay);
         r.wait_for_sync(&p);
-        s[0].cmd(&["SENTINEL", "FAILOVER", MASTER]).assert_ok();
+        assert_eq!(s[0].cmd(&["SENTINEL", "FAILOVER", MASTER]), Value::Okay);
         wait_for_master(&s, r.port());
         p.wait_for_role("replica");
     })

@@ -77,7 +77,7 @@ async fn charge_all(store: &ShardedStore, keys: &[Key]) {
 }
 
 fn dbsize(s: &RedisServer) -> usize {
-    s.cmd(&["DBSIZE"]).as_int() as usize
+    s.query::<i64>(&["DBSIZE"]) as usize
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,7 +251,7 @@ async fn every_keys_limit_is_exact_under_concurrency_across_two_layers_with_thei
             .unwrap()
             .redis_key(&ns, &key);
         for (i, s) in servers.iter().enumerate() {
-            let exists = s.cmd(&["EXISTS", &redis_key]).as_int() == 1;
+            let exists = s.query::<i64>(&["EXISTS", &redis_key]) == 1;
             assert_eq!(exists, i == home, "{c} on server {i}");
         }
         *per_server.entry(home).or_insert(0) += 1;

@@ -92,8 +92,7 @@ async fn one_command_per_allowed_or_rejected_request_and_two_per_refunded_304() 
     // Its refund has landed once the warm-up key is back to 4 units.
     let refunded = || {
         server
-            .cmd(&["HGET", &warm_key, "fw60000c"])
-            .try_string()
+            .query::<Option<String>>(&["HGET", &warm_key, "fw60000c"])
             .as_deref()
             == Some("4")
     };
@@ -295,7 +294,7 @@ async fn a_stale_replica_reports_a_fresh_window_not_the_old_counts() {
     // The window's reset has passed, but the key's TTL (reset + 1 s, real time) has not.
     let redis_key = store.redis_key(&ns, &key);
     assert!(
-        replica.cmd(&["PTTL", &redis_key]).as_int() > 0,
+        replica.query::<i64>(&["PTTL", &redis_key]) > 0,
         "the stale key is still on the replica"
     );
     let after = store

@@ -549,7 +549,7 @@ async fn shared_limits_read_from_redis_hold_at_most_max_overrides() {
         hset.push(format!("key:tenant-{i}"));
         hset.push("3/1h".to_owned());
     }
-    assert_eq!(redis.cmd(&hset).as_int(), MAX_OVERRIDES as i64 + 1);
+    assert_eq!(redis.query::<i64>(&hset), MAX_OVERRIDES as i64 + 1);
     let layer = RateLimitLayer::builder()
         .quota(Quota::per_hour(NonZeroU32::new(2).unwrap()))
         .key(Header::try_new("x-tenant").unwrap())

@@ -17,7 +17,7 @@ use axum::{http::StatusCode, routing::get, Router};
 use http::{Request, Response};
 use http_support::{HttpClient, TestServer};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use redis_support::{assert_every_key_has_a_ttl, require_redis, RedisServer};
+use redis_support::{assert_every_key_has_a_ttl, require_redis, RedisServer, Value};
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -755,7 +755,7 @@ async fn after_a_flushdb_a_change_on_one_instance_is_enforced_by_both_and_they_a
     };
     agree(vec![("acme".into(), per_hour(5))]).await;
 
-    server.cmd(&["FLUSHDB"]).assert_ok();
+    assert_eq!(server.cmd(&["FLUSHDB"]), Value::Okay);
     a.limits().set("globex", per_hour(7)).await.unwrap();
     let started = Instant::now();
     agree(vec![("globex".into(), per_hour(7))]).await;
@@ -864,7 +864,7 @@ async fn a_settlement_of_u64_max_is_one_full_bucket_of_debt_at_most() {
             assert!(!store.charge(&call(now + 1_099)).await.unwrap().is_allowed());
             assert!(store.charge(&call(now + 1_100)).await.unwrap().is_allowed());
         }
-        let ttl = server.cmd(&["PTTL", &redis.redis_key(&ns, &key)]).as_int();
+        let ttl = server.query::<i64>(&["PTTL", &redis.redis_key(&ns, &key)]);
         assert!(
             (1_000..=3_100).contains(&ttl),
             "{algorithm:?}: a TTL to match the debt, {ttl} ms"
