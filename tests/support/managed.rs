@@ -2,20 +2,11 @@
 //! and certificates made with the `openssl` CLI, TLS servers, a server that
 //! listens only on a Unix socket, and `redis-sentinel` processes.
 //!
-//! Include it after the Redis harness, under these names:
-//!
-//! ```ignore
-//! #[path = "support/redis.rs"]
-//! mod redis_support;
-//! #[path = "support/managed.rs"]
-//! mod managed;
-//! ```
-//!
 //! Every process runs on 127.0.0.1 (or a socket in its own temp dir), is
 //! killed by PID when dropped, and has the Redis harness's watchdog.
 #![allow(dead_code)]
 
-use crate::redis_support::{
+use super::redis::{
     cmd_at, connect_with, convert, file_tail, make_temp_dir, pick_free_port, ping_at,
     redis_required, require_redis, run, spawn_watchdog, tcp, wait_until, RedisServer, Value,
     CMD_TIMEOUT, START_TIMEOUT, SYNC_TIMEOUT,
