@@ -22,5 +22,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 install_missing "redis-server redis-tools redis-sentinel" redis-server redis-cli redis-sentinel
 
 export CHAOS_SECS=${1:-${CHAOS_SECS:-60}}
-export REQUIRE_REDIS=1
 cargo test --all-features --test redis -- --ignored --nocapture chaos::

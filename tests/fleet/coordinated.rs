@@ -99,9 +99,7 @@ impl Fleet {
 #[tokio::test]
 async fn four_layers_offered_one_and_a_half_times_the_limit_settle_within_ten_percent_after_three_intervals(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let mut fleet = Fleet::new(&server, false);
     for _ in 0..3 {
@@ -131,9 +129,7 @@ async fn four_layers_offered_one_and_a_half_times_the_limit_settle_within_ten_pe
 
 #[tokio::test]
 async fn the_request_path_makes_no_store_call_only_each_sync_does() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let mut fleet = Fleet::new(&server, false);
     fleet.interval().await; // connections open
@@ -177,9 +173,7 @@ fn allowed_and_failed_open(metrics: &Snapshotter) -> (u64, u64) {
 #[tokio::test]
 async fn a_frozen_redis_fails_open_after_the_staleness_bound_and_limiting_returns_two_syncs_after_it_does(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let recorder = DebuggingRecorder::new();
     let metrics = recorder.snapshotter();
     let _recording = metrics::set_default_local_recorder(&recorder);
@@ -254,9 +248,7 @@ async fn a_frozen_redis_fails_open_after_the_staleness_bound_and_limiting_return
 
 #[tokio::test]
 async fn shadow_mode_computes_drops_but_admits_everything() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let mut fleet = Fleet::new(&server, true);
     for _ in 0..6 {
@@ -345,9 +337,7 @@ fn the_simulation_s_scale_table_shows_redis_load_linear_in_instances_and_flat_in
 /// are open. A quota in tokens is refused: the mode counts requests.
 #[tokio::test]
 async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refused() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let coordinated = || {

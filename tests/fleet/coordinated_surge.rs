@@ -68,9 +68,7 @@ async fn run(fleet: &mut Fleet, limit: u64, profile: &[(usize, u64)]) -> Run {
 #[tokio::test]
 async fn a_15x_surge_on_4_instances_is_held_near_the_limit_from_its_first_second_and_released_at_once(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let limit = LIMIT;
     // A balancer spreading requests evenly (round robin). At random, each
@@ -107,9 +105,7 @@ async fn a_15x_surge_on_4_instances_is_held_near_the_limit_from_its_first_second
 /// during the surge; at the limit, some of the wobble is dropped.
 #[tokio::test]
 async fn a_15x_surge_behind_a_random_balancer_holds_the_limit_and_drops_little_at_the_limit() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let limit = LIMIT;
     for seed in 1..=3 {
@@ -143,9 +139,7 @@ async fn a_15x_surge_behind_a_random_balancer_holds_the_limit_and_drops_little_a
 #[tokio::test]
 async fn low_rates_with_a_500ms_interval_admit_the_limit_within_5_percent_behind_either_balancer_and_from_paced_clients_in_each_of_10_runs(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let limit = 40;
     // Each run starts at another phase of the wall clock, and is another
@@ -215,9 +209,7 @@ async fn commands(server: &RedisServer, n: usize, offered: u64) -> u64 {
 
 #[tokio::test]
 async fn redis_load_does_not_depend_on_the_request_rate_and_grows_linearly_with_instances() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let four_slow = commands(&server, 4, 400).await;
     let four_fast = commands(&server, 4, 4_000).await;

@@ -205,9 +205,7 @@ fn demo_rejects_bad_flags_with_a_message_and_a_failure_status() {
 
 #[tokio::test]
 async fn demo_on_redis_serves_rate_limit_status_from_a_replica_without_charging() {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let primary = redis_support::RedisServer::start();
     let replica = redis_support::RedisServer::replica_of(&primary);
     replica.wait_for_sync(&primary);
@@ -256,9 +254,7 @@ async fn demo_on_redis_serves_rate_limit_status_from_a_replica_without_charging(
 
 #[tokio::test]
 async fn demo_runs_the_coordinated_mode_on_one_redis_and_on_shards_and_refuses_it_without_redis() {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let redis = redis_support::RedisServer::start();
     let url = redis.url();
     let demo = Running::start(

@@ -62,9 +62,7 @@ fn dbsize(s: &RedisServer) -> i64 {
 
 #[tokio::test]
 async fn one_redis_url_keeps_every_key_on_that_primary() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let demo = demo(&["--redis-url", &server.url()]);
     limits_clients(&demo, 4).await;
@@ -74,9 +72,7 @@ async fn one_redis_url_keeps_every_key_on_that_primary() {
 
 #[tokio::test]
 async fn repeated_redis_urls_shard_clients_over_the_primaries() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let demo = demo(&[
@@ -103,9 +99,7 @@ async fn repeated_redis_urls_shard_clients_over_the_primaries() {
 
 #[tokio::test]
 async fn redis_cluster_keeps_state_on_the_cluster() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let cluster = Cluster::start(3, 0);
     let demo = demo(&["--redis-cluster", &cluster.urls().join(",")]);
     limits_clients(&demo, 12).await;
@@ -155,9 +149,7 @@ fn contradictory_redis_flags_are_refused_with_a_message() {
 #[cfg(feature = "tls")]
 #[tokio::test]
 async fn a_tls_redis_asking_for_client_certificates_is_reached_with_the_tls_flags() {
-    if !managed::require("openssl") {
-        return;
-    }
+    managed::require("openssl");
     let certs = managed::Certs::make();
     let server = managed::TlsRedis::start(&certs, true, &[]);
     let demo = demo(&[
@@ -178,9 +170,7 @@ async fn a_tls_redis_asking_for_client_certificates_is_reached_with_the_tls_flag
 #[cfg(feature = "sentinel")]
 #[tokio::test]
 async fn the_primary_sentinel_names_holds_the_demos_state() {
-    if !managed::require("redis-sentinel") {
-        return;
-    }
+    managed::require("redis-sentinel");
     let primary = RedisServer::start();
     let replica = RedisServer::replica_of(&primary);
     replica.wait_for_sync(&primary);

@@ -126,9 +126,7 @@ fn counters(limiter: &str) -> HashMap<String, u64> {
 #[tokio::test]
 async fn two_instances_on_one_redis_never_serve_more_low_requests_than_their_share_and_keep_the_reserve_for_critical(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     recorder::install();
     let redis = RedisServer::start();
     let name = "fleet-flood";
@@ -227,9 +225,7 @@ async fn two_instances_on_one_redis_never_serve_more_low_requests_than_their_sha
 #[tokio::test]
 async fn slots_an_instance_never_gave_back_count_until_their_lease_ends_by_redis_s_clock_whatever_the_instance_s(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let name = "fleet-lease";
     let clock = ManualClock::new(SystemClock.now_ms());
@@ -273,9 +269,7 @@ async fn slots_an_instance_never_gave_back_count_until_their_lease_ends_by_redis
 
 #[tokio::test]
 async fn a_redis_that_is_down_fails_open_by_default_and_counts_it_and_other_policies_hold() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     recorder::install();
     // Nothing listens on this port: every acquire fails at once.
     let url = format!("redis://127.0.0.1:{}", pick_free_port());
@@ -378,9 +372,7 @@ async fn a_redis_that_is_down_fails_open_by_default_and_counts_it_and_other_poli
 
 #[tokio::test]
 async fn shadow_mode_counts_fleet_sheds_and_sheds_nothing() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     recorder::install();
     let redis = RedisServer::start();
     let name = "fleet-shadow";
@@ -421,9 +413,7 @@ async fn shadow_mode_counts_fleet_sheds_and_sheds_nothing() {
 
 #[tokio::test]
 async fn two_demo_instances_with_a_fleet_capacity_of_10_serve_at_most_7_low_requests_at_once() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let url = redis.url();
     let args = [

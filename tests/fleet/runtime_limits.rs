@@ -260,9 +260,7 @@ async fn applied_within_2s(c: &HttpClient, demo: &Running, client: &str, want: u
 
 #[tokio::test]
 async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a_restart() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let url = redis.url();
     let c = HttpClient::new();
@@ -356,9 +354,7 @@ async fn overrides_set_on_one_instance_hold_for_the_fleet_within_2s_and_across_a
 
 #[tokio::test]
 async fn raising_a_limit_lifts_the_rejections_the_deny_cache_holds() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let layer = on_redis(&redis);
     // The third is rejected by Redis, the fourth by the deny cache.
@@ -455,9 +451,7 @@ async fn a_policy_in_shadow_counts_its_would_be_rejections_and_is_promoted_whole
 async fn a_shadow_set_on_one_instance_is_promoted_from_another_through_redis() {
     use tower_ratelimit::rate::SharedLimits;
     use tower_ratelimit::store::RedisStore;
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let instance = || {
         let store = RedisStore::new(redis.url()).unwrap();
@@ -482,9 +476,7 @@ async fn a_shadow_set_on_one_instance_is_promoted_from_another_through_redis() {
 
 #[tokio::test]
 async fn a_rejection_decided_under_limits_changed_meanwhile_is_not_cached() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let layer = on_redis(&redis);
     let mut svc = layer.clone().layer(service_fn(ok));
@@ -514,9 +506,7 @@ async fn a_rejection_decided_under_limits_changed_meanwhile_is_not_cached() {
 async fn shared_limits_read_from_redis_hold_at_most_max_overrides() {
     use tower_ratelimit::rate::{SharedLimits, MAX_OVERRIDES};
     use tower_ratelimit::store::{Namespace, RedisStore};
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let store = RedisStore::new(redis.url()).unwrap();
     let hash = format!(

@@ -229,9 +229,7 @@ fn assert_concurrency_rejection(r: &Reply, limit: u64) {
 #[tokio::test]
 async fn fifty_simultaneous_slow_requests_across_two_instances_sharing_redis_never_have_more_than_five_in_flight(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let (probe, mut entered) = Probe::new();
     // Two instances: each its own layer and its own connections to the one Redis.
@@ -312,9 +310,7 @@ async fn fifty_simultaneous_slow_requests_across_two_instances_sharing_redis_nev
 
 #[tokio::test]
 async fn a_client_that_disconnects_mid_response_frees_its_slot() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let (probe, _entered) = Probe::new();
     let server = TestServer::start(app(&probe).layer(redis_layer(&redis.url(), 1))).await;
@@ -357,9 +353,7 @@ async fn a_client_that_disconnects_mid_response_frees_its_slot() {
 
 #[tokio::test]
 async fn a_panicking_handler_and_an_error_response_free_their_slots() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let (probe, _entered) = Probe::new();
     let server = TestServer::start(app(&probe).layer(redis_layer(&redis.url(), 1))).await;
@@ -408,9 +402,7 @@ async fn a_panicking_handler_and_an_error_response_free_their_slots() {
 
 #[tokio::test]
 async fn an_inner_service_error_and_a_request_dropped_before_its_response_free_their_slots() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let key = slots_key(&redis, "k");
     let layer = redis_layer(&redis.url(), 1);
@@ -488,9 +480,7 @@ fn acquire<'a>(
 #[tokio::test]
 async fn a_slot_counts_while_its_lease_lasts_by_redis_s_clock_and_a_release_that_overtakes_its_acquire_wins(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let store = RedisStore::new(redis.url()).unwrap();
     let (ns, k) = (Namespace::new(NAME), Key::new("k"));
@@ -712,9 +702,7 @@ async fn a_concurrency_rejection_keeps_its_own_headers_through_the_rate_limit_ar
 
 #[tokio::test]
 async fn a_killed_instance_holding_slots_frees_them_when_their_lease_ends_and_not_before() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let redis = RedisServer::start();
     let url = redis.url();
     let lease_ms = 10_000;
@@ -921,9 +909,7 @@ async fn grpc_calls_are_answered_with_grpc_statuses_and_a_streaming_call_holds_i
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_redis_cluster_slots_and_tombstones_share_one_hash_slot() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let cluster = redis_support::Cluster::start(3, 0);
     let store = RedisStore::cluster_builder(cluster.urls())
         .connect_timeout(Duration::from_secs(2))

@@ -405,9 +405,7 @@ fn redis_start() -> u64 {
 
 #[test]
 fn strict_algorithms_never_admit_more_than_their_definition_in_redis() {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let server = redis_support::RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     strict_property(&store, 48, true, redis_start);
@@ -417,9 +415,7 @@ fn strict_algorithms_never_admit_more_than_their_definition_in_redis() {
 /// Runs the same random cases through the memory store and a real Redis,
 /// under the policy `policy` makes of each, and holds them to one answer.
 fn stores_agree(settles: bool, policy: impl Fn(&Case) -> Policy) {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let server = redis_support::RedisServer::start();
     let redis = RedisStore::new(server.url()).unwrap();
     let memory = MemoryStore::new();
@@ -497,9 +493,7 @@ fn a_zero_cost_refund_never_deletes_a_sliding_log_entry() {
     ];
     let memory = rt.block_on(run(&MemoryStore::new(), &policy, 1_000_000, &steps));
     assert!(!memory[2].allowed, "memory: 6 + 2 exceeds 7");
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let server = redis_support::RedisServer::start();
     let redis = RedisStore::new(server.url()).unwrap();
     let out = rt.block_on(run(&redis, &policy, redis_start(), &steps));

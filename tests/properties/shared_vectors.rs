@@ -18,9 +18,7 @@ async fn memory_store_rejections_spend_nothing_and_never_lengthen_the_wait() {
 
 #[tokio::test]
 async fn redis_store_rejections_spend_nothing_and_never_lengthen_the_wait() {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let server = redis_support::RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     vectors::rejections_change_nothing(&store, SystemClock.now_ms() + 3_600_000).await;
@@ -34,9 +32,7 @@ async fn memory_store_settles_below_and_above_the_reservation_in_its_own_window_
 
 #[tokio::test]
 async fn redis_store_settles_below_and_above_the_reservation_in_its_own_window_only() {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let server = redis_support::RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     vectors::settlements_follow_the_rules(&store, SystemClock.now_ms() + 3_600_000).await;
@@ -45,9 +41,7 @@ async fn redis_store_settles_below_and_above_the_reservation_in_its_own_window_o
 
 #[tokio::test]
 async fn redis_store_answers_the_shared_table() {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let server = redis_support::RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     // Application time near the real time, so the keys' TTLs are meaningful.
@@ -63,9 +57,7 @@ use crate::support::managed;
 /// same decisions, under both URL schemes.
 #[tokio::test]
 async fn redis_store_on_a_unix_socket_only_answers_the_shared_table() {
-    if !redis_support::require_redis() {
-        return;
-    }
+    redis_support::require_redis();
     let server = managed::UnixRedis::start();
     for scheme in ["unix", "redis+unix"] {
         assert_eq!(server.cmd(&["FLUSHALL"]), redis_support::Value::Okay);

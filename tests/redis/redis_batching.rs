@@ -123,22 +123,20 @@ fn script_internal(entries: &[MonitorEntry], name: &str) -> usize {
 }
 
 /// A server and a store with default settings, warmed up, and the time to
-/// charge at; `None` when Redis is not installed (outside CI).
-async fn started() -> Option<(RedisServer, RedisStore, u64)> {
-    let (server, store, now) = cold()?;
+/// charge at.
+async fn started() -> (RedisServer, RedisStore, u64) {
+    let (server, store, now) = cold();
     warm(&store, now).await;
-    Some((server, store, now))
+    (server, store, now)
 }
 
 /// A server and a store with default settings, not yet used, and the time
-/// to charge at; `None` when Redis is not installed (outside CI).
-fn cold() -> Option<(RedisServer, RedisStore, u64)> {
-    if !require_redis() {
-        return None;
-    }
+/// to charge at.
+fn cold() -> (RedisServer, RedisStore, u64) {
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
-    Some((server, store, SystemClock.now_ms()))
+    (server, store, SystemClock.now_ms())
 }
 
 /// Warms a store up: its connection open and the script loaded.
@@ -237,9 +235,7 @@ impl Crowd {
 
 #[tokio::test]
 async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     // The script for these algorithms loaded.
     Crowd::new("warm").run(&store, now).await;
 
@@ -261,9 +257,7 @@ async fn concurrent_charges_travel_together_and_each_gets_its_own_exact_decision
 /// taking the same requests one by one.
 #[tokio::test]
 async fn a_batch_of_different_times_costs_and_policies_decides_as_the_memory_store_in_order() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let ns = Namespace::new("varied");
     // A key per client and policy: two policies whose quotas share an
     // algorithm and a window share that state, which only the fixed window's
@@ -330,9 +324,7 @@ async fn a_batch_of_different_times_costs_and_policies_decides_as_the_memory_sto
 
 #[tokio::test]
 async fn an_idle_service_sends_each_charge_alone_and_at_once() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let ns = Namespace::new("idle");
     let key = Key::new("one");
     let p = fixed(100);
@@ -351,9 +343,7 @@ async fn an_idle_service_sends_each_charge_alone_and_at_once() {
 
 #[tokio::test]
 async fn noscript_inside_a_batch_reloads_and_resends_without_charging_twice() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     server.cmd(&["SCRIPT", "FLUSH"]);
 
     let seen = Crowd::new("flushed")
@@ -379,9 +369,7 @@ async fn noscript_inside_a_batch_reloads_and_resends_without_charging_twice() {
 
 #[tokio::test]
 async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let ns = Namespace::new("cancel");
     let p = fixed(10);
     let kept: Vec<Key> = (0..10).map(|i| Key::new(format!("kept{i}"))).collect();
@@ -422,9 +410,7 @@ async fn a_charge_cancelled_before_its_batch_leaves_is_never_charged() {
 
 #[tokio::test]
 async fn one_requests_failure_inside_a_batch_leaves_the_others_decided() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let ns = Namespace::new("wrongtype");
     let p = fixed(10);
     let keys: Vec<Key> = (0..40).map(|i| Key::new(format!("c{i}"))).collect();
@@ -459,9 +445,7 @@ async fn one_requests_failure_inside_a_batch_leaves_the_others_decided() {
 #[tokio::test]
 async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
     // One connection (the default) queues at most 4,096 charges.
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let ns = Namespace::new("cap");
     let p = fixed(1_000_000);
     let key = Key::new("busy");
@@ -484,9 +468,7 @@ async fn charges_past_the_queue_cap_fail_at_once_instead_of_piling_up() {
 /// once, while the charges requests wait for still queue.
 #[tokio::test]
 async fn shadow_charges_take_an_eighth_of_the_queue_at_most() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let (ns, p) = (Namespace::new("shadowed"), fixed(1_000_000));
     let key = Key::new("busy");
     let call = |k| Charge {
@@ -525,9 +507,7 @@ async fn shadow_charges_take_an_eighth_of_the_queue_at_most() {
 
 #[test]
 fn a_runtime_shut_down_mid_batch_leaves_the_store_usable_from_another() {
-    let Some((server, store, now)) = cold() else {
-        return;
-    };
+    let (server, store, now) = cold();
     let (ns, p) = (Namespace::new("runtimes"), fixed(10));
     let first = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -578,9 +558,7 @@ fn a_runtime_shut_down_mid_batch_leaves_the_store_usable_from_another() {
 /// one made inside: the path `RedisStore::charge` takes without a runtime.
 #[test]
 fn a_charge_made_outside_a_runtime_is_sent_when_a_runtime_polls_it() {
-    let Some((server, store, now)) = cold() else {
-        return;
-    };
+    let (server, store, now) = cold();
     let (ns, p, key) = (Namespace::new("outside"), fixed(3), Key::new("k"));
     let pending: Vec<_> = (0..4).map(|_| charge(&store, &ns, &key, &p, now)).collect();
     assert!(
@@ -613,9 +591,7 @@ fn a_charge_made_outside_a_runtime_is_sent_when_a_runtime_polls_it() {
 /// authenticates and selects the database on the lane's connection.
 #[tokio::test]
 async fn the_urls_user_password_and_database_hold_for_charges() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     // `alice` needs a password; the default user stays open for the harness.
     let server =
         RedisServer::start_with(&["--user", "alice", "on", ">s3cret", "~*", "&*", "+@all"]);
@@ -658,9 +634,7 @@ async fn the_urls_user_password_and_database_hold_for_charges() {
 /// redis-rs, batched the same way and decided as exactly.
 #[tokio::test]
 async fn a_unix_socket_url_batches_charges_through_redis_rs_as_exactly() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let dir = std::env::temp_dir().join(format!("trl-unix-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("redis.sock");
@@ -693,9 +667,7 @@ async fn a_unix_socket_url_batches_charges_through_redis_rs_as_exactly() {
 /// one), and the next charge connects anew instead of queueing behind it.
 #[tokio::test]
 async fn a_reply_later_than_the_response_timeout_fails_the_batch_and_drops_the_connection() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .response_timeout(Duration::from_millis(100))
@@ -731,9 +703,7 @@ async fn a_reply_later_than_the_response_timeout_fails_the_batch_and_drops_the_c
 /// exactly what charging them one call each leaves.
 #[tokio::test]
 async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let two = fixed(6)
         .and(quota(Algorithm::TokenBucket, 2, 1).burst(4).unwrap())
         .unwrap();
@@ -885,9 +855,7 @@ async fn runs_of_one_key_in_a_batch_decide_and_store_as_charging_them_one_by_one
 /// failing.
 #[tokio::test]
 async fn an_idle_connection_the_server_closed_is_replaced_before_the_next_charge() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let (ns, key, p) = (Namespace::new("idle"), Key::new("k"), fixed(10));
     assert!(charge(&store, &ns, &key, &p, now)
         .await
@@ -904,9 +872,7 @@ async fn an_idle_connection_the_server_closed_is_replaced_before_the_next_charge
 
 #[tokio::test]
 async fn a_charge_that_timed_out_is_never_sent_again() {
-    let Some((server, store, now)) = started().await else {
-        return;
-    };
+    let (server, store, now) = started().await;
     let ns = Namespace::new("timed-out");
     let key = Key::new("once");
     let p = fixed(10);
@@ -950,9 +916,7 @@ async fn a_charge_that_timed_out_is_never_sent_again() {
 
 #[tokio::test]
 async fn a_batch_whose_callers_all_gave_up_leaves_the_next_charges_served() {
-    let Some((_server, store, now)) = started().await else {
-        return;
-    };
+    let (_server, store, now) = started().await;
     let ns = Namespace::new("abandoned");
     let (key, p) = (Key::new("k"), fixed(10));
     // Charges queued, then given up before their batch leaves: the runner,
@@ -981,9 +945,7 @@ async fn a_batch_whose_callers_all_gave_up_leaves_the_next_charges_served() {
 
 #[tokio::test]
 async fn a_resp3_connection_batches_and_decides_as_exactly() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::new(format!("{}?protocol=resp3", server.url())).unwrap();
     let ns = Namespace::new("resp3");

@@ -102,9 +102,7 @@ fn per_hour(n: u64) -> Quota {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_are_exact_across_two_instances_and_multi_quota_policies_stay_in_one_slot() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let cluster = Cluster::start(3, 1);
     let clock = ManualClock::new(SystemClock.now_ms());
     let urls = cluster.urls();
@@ -193,9 +191,7 @@ fn replica_of(cluster: &Cluster, port: u16) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limiting_continues_with_the_count_preserved_after_a_master_is_replaced_by_its_replica() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let cluster = Cluster::start(3, 1);
     let clock = ManualClock::new(SystemClock.now_ms());
     let calls = Arc::new(AtomicUsize::new(0));
@@ -262,9 +258,7 @@ fn migrate_key(cluster: &Cluster, key: &str, to: &RedisServer) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migration_is_followed_through_ask_and_then_moved_with_the_count_preserved() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let cluster = Cluster::start(3, 0);
     let clock = ManualClock::new(SystemClock.now_ms());
     let calls = Arc::new(AtomicUsize::new(0));
@@ -320,9 +314,7 @@ async fn a_slot_migration_is_followed_through_ask_and_then_moved_with_the_count_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_concurrent_load_charges_every_admitted_request_exactly_once() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let cluster = Arc::new(Cluster::start(3, 1));
     let clock = ManualClock::new(SystemClock.now_ms());
     let calls = Arc::new(AtomicUsize::new(0));

@@ -74,9 +74,7 @@ fn limited(r: &Reply) -> bool {
 #[tokio::test]
 async fn a_frozen_redis_is_answered_per_policy_within_the_timeout_and_limiting_resumes_after_sigcont(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     for (policy, want) in [
@@ -134,9 +132,7 @@ async fn a_frozen_redis_is_answered_per_policy_within_the_timeout_and_limiting_r
 
 #[tokio::test]
 async fn a_killed_and_restarted_redis_is_answered_per_policy_and_the_limiter_recovers_by_itself() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let mut server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let calls = Arc::new(AtomicUsize::new(0));
@@ -204,9 +200,7 @@ async fn store_error(store: &RedisStore, key: &str) -> StoreError {
 
 #[tokio::test]
 async fn oom_under_noeviction_is_a_store_error_never_a_429() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server =
         RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]);
     // Fill memory until Redis refuses even a small write.
@@ -242,9 +236,7 @@ async fn oom_under_noeviction_is_a_store_error_never_a_429() {
 
 #[tokio::test]
 async fn busy_from_a_long_script_is_a_store_error() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start_with(&["--busy-reply-threshold", "50"]);
     let store = RedisStore::new(server.url()).unwrap();
     // Open the store's connection first (a new connection would wait behind the script).
@@ -288,9 +280,7 @@ async fn busy_from_a_long_script_is_a_store_error() {
 
 #[tokio::test]
 async fn readonly_from_a_demoted_primary_is_a_store_error_and_the_connection_is_replaced() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let primary = RedisServer::start();
     let replica = RedisServer::replica_of(&primary);
     replica.wait_for_sync(&primary);
@@ -339,9 +329,7 @@ async fn readonly_from_a_demoted_primary_is_a_store_error_and_the_connection_is_
 
 #[tokio::test]
 async fn writes_paused_with_client_pause_time_out_into_the_failure_policy() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     store.eviction_policy().await.unwrap();
@@ -386,9 +374,7 @@ fn counting_on_a_stopped_redis() -> (RedisServer, Counting, Arc<AtomicUsize>) {
 
 #[tokio::test]
 async fn with_the_breaker_open_requests_make_no_store_call() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let (mut server, store, charges) = counting_on_a_stopped_redis();
     let clock = ManualClock::new(SystemClock.now_ms());
     let l = builder(store, 10, &clock)
@@ -429,9 +415,7 @@ async fn with_the_breaker_open_requests_make_no_store_call() {
 
 #[tokio::test]
 async fn a_rejection_made_without_the_store_never_enters_the_deny_cache() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let (mut server, store, charges) = counting_on_a_stopped_redis();
     let clock = ManualClock::new(SystemClock.now_ms());
     // Down, the scaled-down local policy decides: 2 admitted, then 429.
@@ -466,9 +450,7 @@ async fn a_rejection_made_without_the_store_never_enters_the_deny_cache() {
 #[tokio::test]
 async fn the_deny_cache_turns_a_hammering_client_into_one_store_call_per_window_with_identical_headers(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let quota = 10;
@@ -512,9 +494,7 @@ async fn the_deny_cache_turns_a_hammering_client_into_one_store_call_per_window_
 
 #[tokio::test]
 async fn without_the_deny_cache_every_rejection_is_a_store_call() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let l = builder(RedisStore::new(server.url()).unwrap(), 10, &clock)
@@ -551,9 +531,7 @@ fn counters(limiter: &str) -> std::collections::HashMap<String, u64> {
 
 #[tokio::test]
 async fn shadow_mode_lets_every_request_through_and_counts_the_would_be_rejections_exactly() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     recorder::install();
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
@@ -583,9 +561,7 @@ async fn shadow_mode_lets_every_request_through_and_counts_the_would_be_rejectio
 
 #[tokio::test]
 async fn an_allkeys_lru_redis_is_warned_about_and_evicted_state_reads_as_a_fresh_window() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server =
         RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]);
     let logs = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
@@ -662,9 +638,7 @@ impl std::io::Write for LogWriter {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pause_under_batched_load_is_one_failure_and_a_dead_redis_opens_the_breaker_in_five_calls(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     const STORE_TIMEOUT: Duration = Duration::from_millis(50);
     const CLIENTS: usize = 64;
     let mut server = RedisServer::start();
@@ -785,9 +759,7 @@ async fn one_pause_under_batched_load_is_one_failure_and_a_dead_redis_opens_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_charges_queued_on_a_frozen_redis_wait_one_budget_and_the_expired_are_never_sent(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     const BUDGET: Duration = Duration::from_millis(50);
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
@@ -847,9 +819,7 @@ async fn two_thousand_charges_queued_on_a_frozen_redis_wait_one_budget_and_the_e
 /// the failure policy is to fail open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_queue_cap_requests_are_refused_as_an_overload_and_none_is_admitted_unlimited() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     const REQUESTS: usize = 5_000;
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())

@@ -30,9 +30,7 @@ fn busy(d: Duration) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_saturated_current_thread_runtime_with_a_healthy_redis_never_fails_open() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .connect_timeout(Duration::from_secs(5))

@@ -108,9 +108,7 @@ fn users(server: &RedisServer) -> Vec<String> {
 
 #[tokio::test]
 async fn the_primary_is_found_through_sentinel_with_passwords_for_both_and_replicas_serve_status() {
-    if !managed::require("redis-sentinel") {
-        return;
-    }
+    managed::require("redis-sentinel");
     let (primary, replica) = pair();
     let sentinels = sentinels(primary.port(), &opts());
     let store = builder(&sentinels).build().unwrap();
@@ -166,9 +164,7 @@ async fn the_primary_is_found_through_sentinel_with_passwords_for_both_and_repli
 /// once), and limiting continues on the promoted replica with the counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_failover_under_load_moves_charges_to_the_promoted_replica_each_charged_once() {
-    if !managed::require("redis-sentinel") {
-        return;
-    }
+    managed::require("redis-sentinel");
     let (primary, replica) = pair();
     let sentinels = sentinels(primary.port(), &opts());
     let store = builder(&sentinels).build().unwrap();
@@ -261,9 +257,8 @@ async fn a_sentinel_failover_under_load_moves_charges_to_the_promoted_replica_ea
 #[cfg(feature = "tls")]
 #[tokio::test]
 async fn tls_and_passwords_hold_for_the_sentinels_and_the_data_nodes_alike() {
-    if !managed::require("redis-sentinel") || !managed::require("openssl") {
-        return;
-    }
+    managed::require("redis-sentinel");
+    managed::require("openssl");
     let certs = managed::Certs::make();
     let tls = |port: u16| {
         let mut args = certs.server_args(port, false);

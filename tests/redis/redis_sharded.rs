@@ -81,9 +81,7 @@ fn dbsize(s: &RedisServer) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_keys_spread_within_ten_percent_over_three_primaries_and_a_fourth_takes_a_quarter(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let servers: Vec<RedisServer> = (0..4).map(|_| RedisServer::start()).collect();
     let refs: Vec<&RedisServer> = servers.iter().collect();
     let keys: Vec<Key> = (0..10_000)
@@ -182,9 +180,7 @@ async fn send(app: &Router, client: &str) -> (StatusCode, bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_keys_limit_is_exact_under_concurrency_across_two_layers_with_their_own_sharded_stores(
 ) {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let refs: Vec<&RedisServer> = servers.iter().collect();
     let clock = ManualClock::new(SystemClock.now_ms());
@@ -265,9 +261,7 @@ async fn every_keys_limit_is_exact_under_concurrency_across_two_layers_with_thei
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_shard_affects_only_its_keys_per_the_failure_policy_and_its_breaker_only() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let ports: Vec<u16> = servers.iter().map(RedisServer::port).collect();
     let store = {

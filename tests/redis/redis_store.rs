@@ -68,9 +68,7 @@ fn client_commands(entries: &[redis_support::MonitorEntry]) -> Vec<String> {
 
 #[tokio::test]
 async fn one_command_per_allowed_or_rejected_request_and_two_per_refunded_304() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let store = RedisStore::new(server.url()).unwrap();
@@ -140,9 +138,7 @@ async fn one_command_per_allowed_or_rejected_request_and_two_per_refunded_304() 
 
 #[test]
 fn four_layers_with_their_own_pools_admit_exactly_the_quota_under_64_tasks() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
@@ -202,9 +198,7 @@ fn four_layers_with_their_own_pools_admit_exactly_the_quota_under_64_tasks() {
 #[tokio::test]
 async fn one_reset_per_window_across_second_boundaries_and_rejections_show_zero_and_a_future_reset()
 {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     // Mid-second, so the window crosses second boundaries.
     let start = SystemClock.now_ms() / 1000 * 1000 + 400;
@@ -251,9 +245,7 @@ fn charge<'a>(
 
 #[tokio::test]
 async fn a_stale_replica_reports_a_fresh_window_not_the_old_counts() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let primary = RedisServer::start();
     let replica = RedisServer::replica_of(&primary);
     let store = RedisStore::builder(primary.url())
@@ -309,9 +301,7 @@ async fn a_stale_replica_reports_a_fresh_window_not_the_old_counts() {
 
 #[tokio::test]
 async fn a_refund_that_arrives_after_its_window_ended_does_not_touch_the_new_window() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     let ns = Namespace::new("late-refund");
@@ -348,9 +338,7 @@ async fn a_refund_that_arrives_after_its_window_ended_does_not_touch_the_new_win
 
 #[tokio::test]
 async fn script_flush_and_a_restart_on_the_same_port_mid_traffic_recover_by_themselves() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let mut server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let store = RedisStore::builder(server.url())
@@ -407,9 +395,7 @@ async fn script_flush_and_a_restart_on_the_same_port_mid_traffic_recover_by_them
 
 #[tokio::test]
 async fn calls_dropped_mid_flight_never_answer_later_calls() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .connections(1)
@@ -514,9 +500,7 @@ async fn a_service_starts_with_redis_down_and_answers_per_its_failure_policy() {
 
 #[tokio::test]
 async fn redis_time_mode_takes_time_from_redis_not_the_application() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .time_source(TimeSource::Redis)
@@ -541,9 +525,7 @@ async fn redis_time_mode_takes_time_from_redis_not_the_application() {
 
 #[tokio::test]
 async fn an_evicting_redis_is_reported_and_refused_in_strict_mode() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server =
         RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
     let warn = RedisStore::builder(server.url())
@@ -591,9 +573,7 @@ fn bytes_sent(server: &RedisServer, f: impl FnOnce()) -> i64 {
 /// answers under a kilobyte, and each decides as the memory store does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_sliding_log_costs_a_bounded_call_and_a_small_reply_for_every_rejection_and_read() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let redis = RedisStore::new(server.url()).unwrap();
     let memory = tower_ratelimit::store::MemoryStore::new();

@@ -77,9 +77,7 @@ fn trusting(server: &TlsRedis, certs: &Certs) -> RedisStoreBuilder {
 
 #[test]
 fn two_layers_sharing_a_tls_redis_admit_exactly_the_quota_under_concurrency() {
-    if !managed::require("openssl") {
-        return;
-    }
+    managed::require("openssl");
     let certs = Certs::make();
     let server = TlsRedis::start(&certs, false, &[]);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -125,9 +123,7 @@ fn two_layers_sharing_a_tls_redis_admit_exactly_the_quota_under_concurrency() {
 
 #[tokio::test]
 async fn a_certificate_from_an_unknown_ca_is_a_store_error_naming_tls_answered_per_the_policy() {
-    if !managed::require("openssl") {
-        return;
-    }
+    managed::require("openssl");
     let certs = Certs::make();
     let server = TlsRedis::start(&certs, false, &[]);
     // The system's roots (the default) do not know the test's CA, nor does
@@ -177,9 +173,7 @@ async fn a_certificate_from_an_unknown_ca_is_a_store_error_naming_tls_answered_p
 
 #[tokio::test]
 async fn with_tls_auth_clients_the_client_certificate_is_needed_and_enough() {
-    if !managed::require("openssl") {
-        return;
-    }
+    managed::require("openssl");
     let certs = Certs::make();
     let server = TlsRedis::start(&certs, true, &[]);
     let (cert, key) = certs.client_pem();
@@ -213,9 +207,7 @@ async fn with_tls_auth_clients_the_client_certificate_is_needed_and_enough() {
 
 #[tokio::test]
 async fn skipping_verification_must_be_asked_for_by_name() {
-    if !managed::require("openssl") {
-        return;
-    }
+    managed::require("openssl");
     let certs = Certs::make();
     let server = TlsRedis::start(&certs, false, &[]);
     // `#insecure` in the URL is refused when the store is built.
@@ -234,9 +226,7 @@ async fn skipping_verification_must_be_asked_for_by_name() {
 
 #[tokio::test]
 async fn connect_opens_every_connection_before_the_first_request_and_reports_a_tls_failure() {
-    if !managed::require("openssl") {
-        return;
-    }
+    managed::require("openssl");
     let certs = Certs::make();
     let server = TlsRedis::start(&certs, false, &[]);
     // Connections the server accepted before this read (each read is one of its own).

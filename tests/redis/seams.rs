@@ -86,9 +86,7 @@ fn gauge(name: &str, limiter: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn every_algorithm_stays_exact_and_keeps_ttls_with_the_clock_5s_behind_or_ahead_of_redis() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     let tokens = Quota::new(100, Duration::from_secs(1))
@@ -182,9 +180,7 @@ async fn every_algorithm_stays_exact_and_keeps_ttls_with_the_clock_5s_behind_or_
 
 #[tokio::test]
 async fn a_concurrency_slot_or_fleet_slot_outlives_no_lease_and_loses_none_to_a_clock_10s_ahead() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let (behind, ahead) = (off_redis(&server, -5_000), off_redis(&server, 5_000));
     let concurrency = |clock: &ManualClock| {
@@ -272,9 +268,7 @@ async fn a_concurrency_slot_or_fleet_slot_outlives_no_lease_and_loses_none_to_a_
 
 #[tokio::test]
 async fn a_manual_clock_at_the_epoch_keeps_its_state_in_redis() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let clock = ManualClock::new(0);
     let layer = RateLimitLayer::builder()
@@ -312,9 +306,7 @@ async fn a_manual_clock_at_the_epoch_keeps_its_state_in_redis() {
 
 #[tokio::test]
 async fn the_offset_from_redis_s_clock_is_a_gauge_and_a_warning_naming_it() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     recorder::install();
     let server = RedisServer::start();
     for (offset, name, way) in [
@@ -382,9 +374,7 @@ fn two_routes(store: RedisStore, name: &str) -> Router {
 
 #[tokio::test]
 async fn a_refusal_cached_for_one_route_s_policy_does_not_answer_another_policy_of_the_same_key() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let app = two_routes(RedisStore::new(server.url()).unwrap(), "two-routes");
     let status = |path: &'static str| {
@@ -429,9 +419,7 @@ async fn a_refusal_cached_for_one_route_s_policy_does_not_answer_another_policy_
 
 #[tokio::test]
 async fn a_runtime_override_or_a_new_tier_is_charged_not_answered_from_the_cache() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let hour = |n| Policy::new(Quota::per_hour(NonZeroU32::new(n).unwrap()));
     // A runtime override of one key.
@@ -492,9 +480,7 @@ async fn a_runtime_override_or_a_new_tier_is_charged_not_answered_from_the_cache
 
 #[tokio::test]
 async fn a_thousand_invented_bearer_tokens_from_one_address_share_that_address_s_quota() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     // The README's setup: a token your application issued keys its holder;
     // anything else is limited by its address.
@@ -693,9 +679,7 @@ async fn two_clones_of_one_layer_share_its_state() {
 
 #[tokio::test]
 async fn after_a_flushdb_a_change_on_one_instance_is_enforced_by_both_and_they_agree() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let poll = Duration::from_millis(100);
     let instance = || {
@@ -759,9 +743,7 @@ async fn after_a_flushdb_a_change_on_one_instance_is_enforced_by_both_and_they_a
 
 #[tokio::test]
 async fn a_sliding_log_refund_after_its_hash_was_evicted_leaves_every_key_a_ttl() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let store = RedisStore::new(server.url()).unwrap();
     let (ns, key) = (Namespace::new("evicted"), Key::new("client"));
@@ -801,9 +783,7 @@ async fn a_sliding_log_refund_after_its_hash_was_evicted_leaves_every_key_a_ttl(
 
 #[tokio::test]
 async fn a_settlement_of_u64_max_is_one_full_bucket_of_debt_at_most() {
-    if !require_redis() {
-        return;
-    }
+    require_redis();
     let server = RedisServer::start();
     let redis = RedisStore::new(server.url()).unwrap();
     let memory = MemoryStore::new();

@@ -174,16 +174,15 @@ async fn the_errors_and_log_lines_of_failing_connections_show_no_password() {
         both("StoreError (sentinel, cluster)", &charge(store).await);
     }
     // A server that refuses the password, with a log line about it.
-    if redis_support::require_redis() {
-        let server = redis_support::RedisServer::start_with(&[
-            "--user", "user", "on", ">other", "~*", "&*", "+@all",
-        ]);
-        let store =
-            RedisStore::new(format!("redis://user:{SECRET}@127.0.0.1:{}", server.port())).unwrap();
-        let e = charge(&store).await;
-        both("StoreError (AUTH refused)", &e);
-        assert!(e.to_string().to_lowercase().contains("pass"), "{e}");
-    }
+    redis_support::require_redis();
+    let server = redis_support::RedisServer::start_with(&[
+        "--user", "user", "on", ">other", "~*", "&*", "+@all",
+    ]);
+    let store =
+        RedisStore::new(format!("redis://user:{SECRET}@127.0.0.1:{}", server.port())).unwrap();
+    let e = charge(&store).await;
+    both("StoreError (AUTH refused)", &e);
+    assert!(e.to_string().to_lowercase().contains("pass"), "{e}");
     let lines = captured.text();
     assert!(
         lines.contains("rate limit store failed"),

@@ -7,51 +7,34 @@
 #![allow(dead_code)]
 
 use super::redis::{
-    cmd_at, connect_with, convert, file_tail, make_temp_dir, pick_free_port, ping_at,
-    redis_required, require_redis, run, spawn_watchdog, tcp, wait_until, RedisServer, Value,
-    CMD_TIMEOUT, START_TIMEOUT, SYNC_TIMEOUT,
+    cmd_at, connect_with, convert, file_tail, make_temp_dir, missing, pick_free_port, ping_at,
+    require_redis, run, spawn_watchdog, tcp, wait_until, RedisServer, Value, CMD_TIMEOUT,
+    START_TIMEOUT, SYNC_TIMEOUT,
 };
 use ::redis::ConnectionAddr;
 use std::fs;
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Like `require_redis`, for a test that also runs `tool` (`openssl`,
-/// `redis-sentinel`): `false` (the test returns early, with a loud SKIPPED
-/// line) when something is missing, a panic under `CI=true`.
-pub fn require(tool: &str) -> bool {
-    if !require_redis() {
-        return false;
-    }
+/// `redis-sentinel`): panics unless Redis and `tool` can be run.
+#[track_caller]
+pub fn require(tool: &str) {
+    require_redis();
     let bin = match tool {
         "redis-sentinel" => sentinel_bin(),
         other => other.to_owned(),
     };
-    let found = Command::new(&bin)
+    if let Err(e) = Command::new(&bin)
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok();
-    if found {
-        return true;
+    {
+        missing(&bin, &e.to_string());
     }
-    assert!(
-        !redis_required(),
-        "{bin} not found; run scripts/test.sh, which installs it (CI=true forbids skipping)"
-    );
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("<unnamed>")
-        .to_owned();
-    let _ = writeln!(
-        io::stderr(),
-        "\n!!!!!!!!!! SKIPPED {test}: {bin} not found. Run scripts/test.sh, which installs it.\n"
-    );
-    false
 }
 
 fn openssl(args: &[&str], dir: &Path) {

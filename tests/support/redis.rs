@@ -4,27 +4,16 @@
 //! `redis` the crate uses, as deadpool-redis pulls it in): a command answers
 //! a redis-rs [`Value`], or a typed result through [`RedisServer::query`].
 //!
-//! # Skipping when Redis is not installed
+//! # When Redis is not installed
 //!
-//! Every test that needs Redis starts with
+//! Every test that needs Redis starts with `require_redis();`, which
+//! checks that `redis-server` and `redis-cli` can be run and **panics**
+//! when they can't: "redis-server not found: run scripts/test.sh, which
+//! installs it". A Redis test never passes without having run, in CI or
+//! out of it.
 //!
-//! ```ignore
-//! if !require_redis() {
-//!     return;
-//! }
-//! ```
-//!
-//! [`require_redis`] checks that `redis-server` and `redis-cli` can be run.
-//! When they can't:
-//! * with `CI=true` (or `REQUIRE_REDIS=1`) it **panics** with
-//!   "redis-server not found; run scripts/test.sh which installs it", so a CI
-//!   run can never pass by silently skipping the Redis tests;
-//! * otherwise it prints a loud `SKIPPED` line to stderr and returns `false`,
-//!   so the test returns early (and shows as passed).
-//!
-//! `scripts/test.sh` installs Redis (Debian `redis-server` + `redis-tools`)
-//! and exports `REQUIRE_REDIS=1` under CI. `REDIS_SERVER_BIN` / `REDIS_CLI_BIN`
-//! override the binaries that are run.
+//! `scripts/test.sh` installs Redis (Debian `redis-server` + `redis-tools`).
+//! `REDIS_SERVER_BIN` / `REDIS_CLI_BIN` override the binaries that are run.
 //!
 //! # What the servers look like
 //!
@@ -50,7 +39,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -90,22 +79,6 @@ fn redis_server_bin() -> String {
 
 fn redis_cli_bin() -> String {
     std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".to_owned())
-}
-
-fn env_flag(name: &str) -> bool {
-    matches!(
-        std::env::var(name)
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase()
-            .as_str(),
-        "1" | "true" | "yes"
-    )
-}
-
-/// Whether a missing Redis must fail the test (`CI=true` or `REQUIRE_REDIS=1`).
-pub fn redis_required() -> bool {
-    env_flag("CI") || env_flag("REQUIRE_REDIS")
 }
 
 /// `Ok(version)` if `redis-server` and `redis-cli` can be run, else why not.
@@ -152,43 +125,27 @@ fn parse_version(text: &str) -> (u32, u32, u32) {
     )
 }
 
-/// Version of the `redis-server` binary, e.g. `(7, 0, 15)`.
-///
-/// Panics if Redis is not available (call [`require_redis`] first).
+/// Version of the `redis-server` binary, e.g. `(7, 0, 15)`; panics, as
+/// [`require_redis`] does, if it cannot be run.
+#[track_caller]
 pub fn redis_version() -> (u32, u32, u32) {
     match redis_availability() {
         Ok(v) => *v,
-        Err(why) => panic!("redis-server not found; run scripts/test.sh which installs it ({why})"),
+        Err(why) => missing("redis-server", why),
     }
 }
 
-/// Call at the top of every Redis test: `if !require_redis() { return; }`.
-///
-/// Returns `true` when `redis-server` and `redis-cli` are runnable. When
-/// they are not: panics under `CI=true` / `REQUIRE_REDIS=1`, otherwise
-/// prints a loud SKIPPED message to stderr and returns `false`.
-pub fn require_redis() -> bool {
-    match redis_availability() {
-        Ok(_) => true,
-        Err(why) => {
-            if redis_required() {
-                panic!(
-                    "redis-server not found; run scripts/test.sh which installs it \
-                     ({why}; CI=true or REQUIRE_REDIS=1 forbids skipping)"
-                );
-            }
-            let test = thread::current().name().unwrap_or("<unnamed>").to_owned();
-            // Straight to the stderr handle: libtest captures `eprintln!`
-            // of passing tests, and this must be seen.
-            let _ = writeln!(
-                io::stderr(),
-                "\n!!!!!!!!!! SKIPPED {test}: redis-server not found ({why}).\n\
-                 !!!!!!!!!! This test did NOT run. Run scripts/test.sh, which installs \
-                 redis-server/redis-tools, or set REQUIRE_REDIS=1 to fail instead.\n"
-            );
-            false
-        }
-    }
+/// Call at the top of every Redis test: panics unless `redis-server` and
+/// `redis-cli` can be run.
+#[track_caller]
+pub fn require_redis() {
+    redis_version();
+}
+
+/// The one answer to a missing tool: a panic that says how to get it.
+#[track_caller]
+pub fn missing(tool: &str, why: &str) -> ! {
+    panic!("{tool} not found: run scripts/test.sh, which installs it ({why})")
 }
 
 // ---------------------------------------------------------------------------
@@ -537,11 +494,7 @@ impl RedisServer {
     }
 
     fn spawn(args: Vec<String>, cluster: bool) -> Self {
-        assert!(
-            redis_availability().is_ok(),
-            "redis-server not found; run scripts/test.sh which installs it \
-             (call require_redis() at the start of the test to skip instead)"
-        );
+        require_redis();
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             let port = pick_free_port();
