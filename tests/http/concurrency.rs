@@ -8,6 +8,7 @@
 
 use crate::support::example;
 use crate::support::http as http_support;
+use crate::support::poll::eventually;
 use crate::support::redis as redis_support;
 
 use axum::{http::StatusCode, response::IntoResponse, routing::get, Router};
@@ -166,15 +167,6 @@ fn slots_key(server: &RedisServer, client: &str) -> String {
 
 fn zcard(server: &RedisServer, key: &str) -> i64 {
     server.query::<i64>(&["ZCARD", key])
-}
-
-/// Polls `cond` until it holds; panics after `within` (for spawned releases).
-async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 async fn fetch(c: &HttpClient, url: &str, client: &str) -> Reply {

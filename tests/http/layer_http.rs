@@ -5,7 +5,7 @@ use crate::support::http as http_support;
 
 use axum::{http::StatusCode, routing::get, Router};
 use http::request::Parts;
-use http_support::{HttpClient, TestServer};
+use http_support::{app, HttpClient, TestServer};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,12 +17,6 @@ use tower_ratelimit::{HeaderStyle, Policy, Quota, RateLimitLayer};
 
 /// A time in the middle of a second, so second boundaries are crossed inside a window.
 const T0: u64 = 1_700_000_000_400;
-
-fn app() -> Router {
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
-}
 
 /// An empty `GET` of `path`, for `oneshot`.
 fn get_req(path: &str) -> http::Request<axum::body::Body> {

@@ -7,12 +7,13 @@ use crate::support::example;
 use crate::support::http as http_support;
 use crate::support::shed as shed_support;
 
+use crate::support::poll::eventually;
 use crate::support::recorder;
 use axum::{http::StatusCode, routing::get, Router};
 use http::Request;
 use http_support::{HttpClient, Reply, TestServer};
 use metrics_util::debugging::DebugValue;
-use shed_support::{assert_shed, by_header, eventually, send};
+use shed_support::{assert_shed, by_header, send};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

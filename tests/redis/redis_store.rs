@@ -4,7 +4,7 @@ use crate::support::http as http_support;
 use crate::support::redis as redis_support;
 
 use axum::{http::StatusCode, routing::get, Router};
-use http_support::{HttpClient, TestServer};
+use http_support::{app, HttpClient, TestServer};
 use redis_support::{assert_every_key_has_a_ttl, require_redis, RedisServer};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,12 +16,6 @@ use tower_ratelimit::store::{
     Charge, EvictionCheck, Namespace, RedisStore, Settle, Store, TimeSource,
 };
 use tower_ratelimit::{DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError};
-
-fn app() -> Router {
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
-}
 
 fn layer(store: RedisStore, limit: u64, window: Duration, clock: &ManualClock) -> RateLimitLayer {
     RateLimitLayer::builder()

@@ -16,6 +16,7 @@ pub mod example;
 pub mod http;
 pub mod logs;
 pub mod managed;
+pub mod poll;
 pub mod recorder;
 pub mod redis;
 pub mod shed;

@@ -4,17 +4,7 @@
 
 use super::http::{HttpClient, Reply};
 use axum::http::StatusCode;
-use std::time::{Duration, Instant};
 use tower_ratelimit::shed::Priority;
-
-/// Polls `cond` until it holds; panics after `within`.
-pub async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
 
 /// The class a request's `x-priority` header names (normal without one).
 pub fn by_header(parts: &http::request::Parts) -> Priority {
