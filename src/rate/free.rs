@@ -88,8 +88,9 @@ mod tests {
     #[test]
     fn a_key_gets_its_binding_quota_s_limit_of_free_responses_per_window() {
         let free = FreeResponses::new();
+        // The binding quota is the lowest rate: 3 a minute, not 1,000 an hour.
         let policy = Policy::new(Quota::new(3, Duration::from_secs(60)).unwrap())
-            .and(Quota::new(100, Duration::from_secs(3600)).unwrap())
+            .and(Quota::new(1_000, Duration::from_secs(3600)).unwrap())
             .unwrap();
         let (k, other) = (Key::new("k"), Key::new("other"));
         let t = 120_000;
