@@ -102,7 +102,8 @@ async fn not_modified_responses_are_refunded_and_show_the_refunded_remaining() {
     let clock = ManualClock::new(T0);
     let server = TestServer::start(app().layer(layer(2, Duration::from_secs(60), &clock))).await;
     let client = HttpClient::new();
-    for _ in 0..5 {
+    // As many free responses as the limit, in a window.
+    for _ in 0..2 {
         let r = client.get(&server.url("/not-modified")).await;
         assert_eq!(r.status, StatusCode::NOT_MODIFIED);
         assert_eq!(
@@ -113,12 +114,20 @@ async fn not_modified_responses_are_refunded_and_show_the_refunded_remaining() {
     }
     assert_eq!(client.get(&server.url("/")).await.status, StatusCode::OK);
     let r = client.get(&server.url("/not-modified")).await;
-    assert_eq!(r.header_u64("x-ratelimit-remaining"), 1);
-    assert_eq!(client.get(&server.url("/")).await.status, StatusCode::OK);
+    assert_eq!(r.status, StatusCode::NOT_MODIFIED);
+    assert_eq!(
+        r.header_u64("x-ratelimit-remaining"),
+        0,
+        "past them, charged"
+    );
     assert_eq!(
         client.get(&server.url("/")).await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
+    // A new window, new free responses.
+    clock.advance(Duration::from_secs(60));
+    let r = client.get(&server.url("/not-modified")).await;
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 2);
 }
 
 #[tokio::test]
