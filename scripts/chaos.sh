@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chaos soak (tests/chaos.rs): four rate-limit layers on one Redis
+# The chaos soak (tests/redis/chaos.rs): four rate-limit layers on one Redis
 # primary with a replica, found through three sentinels, under concurrent
 # load, while faults picked at random hit the primary: frozen (SIGSTOP),
 # writes paused, restarted on its port, scripts flushed, answering OOM,
@@ -22,5 +22,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 install_missing "redis-server redis-tools redis-sentinel" redis-server redis-cli redis-sentinel
 
 export CHAOS_SECS=${1:-${CHAOS_SECS:-60}}
-export REQUIRE_REDIS=1
-cargo test --all-features --test chaos -- --ignored --nocapture
+cargo test --all-features --test redis -- --ignored --nocapture chaos::

@@ -91,8 +91,8 @@
 //! ```
 //!
 //! It assumes the previous window's traffic was spread evenly. Against the
-//! exact sliding log (`tests/sliding_window_error.rs`: 1,000 per minute, 40
-//! windows of seeded traffic; `--nocapture` prints the numbers):
+//! exact sliding log (`tests/properties/sliding_window_error.rs`: 1,000 per
+//! minute, 40 windows of seeded traffic; `--nocapture` prints the numbers):
 //!
 //! | traffic | mean error of the estimate (share of the limit) | admissions the exact log would have rejected | busiest sliding window |
 //! |---|---|---|---|

@@ -90,8 +90,9 @@
 //!   request rate. Leased slots were chosen over coordinated counts (a sync
 //!   per interval, no call per request): between two syncs each instance
 //!   fills the room it last saw, so a fleet of N runs up to N × a class's
-//!   share at once whatever the interval (`tests/fleet_counting_model.rs`
-//!   models both; the numbers are in `docs/performance.md`).
+//!   share at once whatever the interval
+//!   (`tests/properties/fleet_counting_model.rs` models both; the numbers
+//!   are in `docs/performance.md`).
 //! - **Failure.** When Redis fails, the layer's
 //!   [failure policy](crate::OnStoreError) decides: by default it fails open;
 //!   `Local { fraction }` gives each instance that fraction of each class's

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use super::example::Running;
-use super::http_support::{HttpClient, Reply};
+use super::http::{HttpClient, Reply};
 use http::Method;
 use std::net::SocketAddr;
 use std::time::Duration;

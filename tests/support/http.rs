@@ -1,6 +1,7 @@
 //! Real HTTP for tests: an axum app served on 127.0.0.1 and a hyper client.
 #![allow(dead_code)]
 
+use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
@@ -10,6 +11,13 @@ use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// `/` answers 200 `ok`, `/not-modified` a 304 (a free response).
+pub fn app() -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
+}
 
 /// An axum app listening on a free loopback port; stops when dropped.
 pub struct TestServer {

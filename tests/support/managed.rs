@@ -2,64 +2,39 @@
 //! and certificates made with the `openssl` CLI, TLS servers, a server that
 //! listens only on a Unix socket, and `redis-sentinel` processes.
 //!
-//! Include it after the Redis harness, under these names:
-//!
-//! ```ignore
-//! #[path = "support/redis.rs"]
-//! mod redis_support;
-//! #[path = "support/managed.rs"]
-//! mod managed;
-//! ```
-//!
 //! Every process runs on 127.0.0.1 (or a socket in its own temp dir), is
 //! killed by PID when dropped, and has the Redis harness's watchdog.
 #![allow(dead_code)]
 
-use crate::redis_support::{
-    encode_command, file_tail, make_temp_dir, pick_free_port, read_resp, redis_required,
-    require_redis, spawn_watchdog, wait_until, RedisServer, Resp, START_TIMEOUT, SYNC_TIMEOUT,
+use super::redis::{
+    cmd_at, connect_with, convert, file_tail, make_temp_dir, missing, pick_free_port, ping_at,
+    require_redis, run, spawn_watchdog, tcp, wait_until, RedisServer, Value, CMD_TIMEOUT,
+    START_TIMEOUT, SYNC_TIMEOUT,
 };
+use ::redis::ConnectionAddr;
 use std::fs;
-use std::io::{self, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Like `require_redis`, for a test that also runs `tool` (`openssl`,
-/// `redis-sentinel`): `false` (the test returns early, with a loud SKIPPED
-/// line) when something is missing, a panic under `CI=true`.
-pub fn require(tool: &str) -> bool {
-    if !require_redis() {
-        return false;
-    }
+/// `redis-sentinel`): panics unless Redis and `tool` can be run.
+#[track_caller]
+pub fn require(tool: &str) {
+    require_redis();
     let bin = match tool {
         "redis-sentinel" => sentinel_bin(),
         other => other.to_owned(),
     };
-    let found = Command::new(&bin)
+    if let Err(e) = Command::new(&bin)
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok();
-    if found {
-        return true;
+    {
+        missing(&bin, &e.to_string());
     }
-    assert!(
-        !redis_required(),
-        "{bin} not found; run scripts/test.sh, which installs it (CI=true forbids skipping)"
-    );
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("<unnamed>")
-        .to_owned();
-    let _ = writeln!(
-        io::stderr(),
-        "\n!!!!!!!!!! SKIPPED {test}: {bin} not found. Run scripts/test.sh, which installs it.\n"
-    );
-    false
 }
 
 fn openssl(args: &[&str], dir: &Path) {
@@ -221,26 +196,6 @@ impl TlsRedis {
     }
 }
 
-/// A tiny blocking RESP2 connection over a Unix socket.
-pub struct UnixConn {
-    reader: BufReader<UnixStream>,
-}
-
-impl UnixConn {
-    pub fn connect(path: &Path) -> io::Result<Self> {
-        let stream = UnixStream::connect(path)?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        Ok(UnixConn {
-            reader: BufReader::new(stream),
-        })
-    }
-
-    pub fn cmd<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<Resp> {
-        self.reader.get_mut().write_all(&encode_command(args))?;
-        read_resp(&mut self.reader)
-    }
-}
-
 /// A `redis-server` that listens on a Unix socket and on no TCP port.
 pub struct UnixRedis {
     child: Child,
@@ -286,10 +241,7 @@ impl UnixRedis {
         wait_until(
             START_TIMEOUT,
             "redis-server on its Unix socket to answer PING",
-            || {
-                let mut c = UnixConn::connect(&server.socket()).ok()?;
-                matches!(c.cmd(&["PING"]), Ok(Resp::Simple(s)) if s == "PONG").then_some(())
-            },
+            || ping_at(ConnectionAddr::Unix(server.socket())).then_some(()),
             || file_tail(&server.dir.join("redis.log"), 20),
         );
         server
@@ -299,22 +251,29 @@ impl UnixRedis {
         self.dir.join("redis.sock")
     }
 
-    /// Runs one command on a fresh connection.
+    /// Runs one command on a fresh connection (a Redis error reply is a
+    /// `Value::ServerError`).
     #[track_caller]
-    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Resp {
-        UnixConn::connect(&self.socket())
-            .and_then(|mut c| c.cmd(args))
+    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Value {
+        let addr = ConnectionAddr::Unix(self.socket());
+        connect_with(addr, Duration::from_secs(2), CMD_TIMEOUT)
+            .and_then(|mut c| run(&mut c, args))
             .unwrap_or_else(|e| panic!("command on {} failed: {e}", self.socket().display()))
+    }
+
+    /// Runs one command and converts its reply; panics on any error.
+    #[track_caller]
+    pub fn query<T: ::redis::FromRedisValue>(&self, args: &[impl AsRef<[u8]>]) -> T {
+        convert(self.cmd(args), args)
     }
 
     /// Keys without a TTL, sorted.
     #[track_caller]
     pub fn keys_without_ttl(&self) -> Vec<String> {
         let mut missing: Vec<String> = self
-            .cmd(&["KEYS", "*"])
-            .as_strings()
+            .query::<Vec<String>>(&["KEYS", "*"])
             .into_iter()
-            .filter(|k| self.cmd(&["PTTL", k]).try_int() == Some(-1))
+            .filter(|k| self.query::<i64>(&["PTTL", k]) == -1)
             .collect();
         missing.sort();
         missing
@@ -422,10 +381,7 @@ impl Sentinel {
         wait_until(
             START_TIMEOUT,
             &format!("redis-sentinel on 127.0.0.1:{port} to answer PING"),
-            || {
-                let mut c = crate::redis_support::RespConn::connect(sentinel.addr()).ok()?;
-                matches!(c.cmd(&["PING"]), Ok(Resp::Simple(s)) if s == "PONG").then_some(())
-            },
+            || ping_at(tcp(sentinel.addr())).then_some(()),
             || sentinel.log(),
         );
         sentinel
@@ -448,25 +404,32 @@ impl Sentinel {
         file_tail(&self.dir.join("sentinel.log"), 30)
     }
 
+    /// Runs one command on a fresh connection (a Redis error reply is a
+    /// `Value::ServerError`).
     #[track_caller]
-    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Resp {
-        crate::redis_support::RespConn::connect(self.addr())
-            .and_then(|mut c| c.cmd(args))
+    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Value {
+        cmd_at(self.addr(), args)
             .unwrap_or_else(|e| panic!("command on sentinel {} failed: {e}", self.addr()))
+    }
+
+    /// Runs one command and converts its reply; panics on any error.
+    #[track_caller]
+    pub fn query<T: ::redis::FromRedisValue>(&self, args: &[impl AsRef<[u8]>]) -> T {
+        convert(self.cmd(args), args)
     }
 
     /// The port of the primary this sentinel names.
     pub fn master_port(&self) -> Option<u16> {
-        match self.cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]) {
-            Resp::Array(Some(addr)) => addr.get(1)?.try_string()?.parse().ok(),
-            _ => None,
-        }
+        let addr: Option<(String, u16)> =
+            ::redis::from_redis_value(self.cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]))
+                .ok()?;
+        Some(addr?.1)
     }
 
     /// How many replicas of the master this sentinel knows (not down).
     pub fn replicas(&self) -> usize {
         match self.cmd(&["SENTINEL", "REPLICAS", MASTER]) {
-            Resp::Array(Some(list)) => list.len(),
+            Value::Array(list) => list.len(),
             _ => 0,
         }
     }
@@ -496,7 +459,7 @@ pub fn sentinels(primary_port: u16, opts: &SentinelOptions<'_>) -> Vec<Sentinel>
             "each sentinel to know the replica and the other sentinels",
             || {
                 let others = match s.cmd(&["SENTINEL", "SENTINELS", MASTER]) {
-                    Resp::Array(Some(list)) => list.len(),
+                    Value::Array(list) => list.len(),
                     _ => 0,
                 };
                 (s.replicas() >= 1 && others >= 2).then_some(())

@@ -1,36 +1,19 @@
 //! Test harness: real `redis-server` processes on free loopback ports.
 //!
-//! std-only (no external crates). Include it from an integration test with
+//! It talks to the servers through redis-rs's synchronous client (the
+//! `redis` the crate uses, as deadpool-redis pulls it in): a command answers
+//! a redis-rs [`Value`], or a typed result through [`RedisServer::query`].
 //!
-//! ```ignore
-//! #[path = "support/redis.rs"]
-//! mod redis_support;
-//! use redis_support::{require_redis, Cluster, RedisServer};
-//! ```
+//! # When Redis is not installed
 //!
-//! (or `pub mod redis;` from a `tests/support/mod.rs` and `mod support;`).
+//! Every test that needs Redis starts with `require_redis();`, which
+//! checks that `redis-server` and `redis-cli` can be run and **panics**
+//! when they can't: "redis-server not found: run scripts/test.sh, which
+//! installs it". A Redis test never passes without having run, in CI or
+//! out of it.
 //!
-//! # Skipping when Redis is not installed
-//!
-//! Every test that needs Redis starts with
-//!
-//! ```ignore
-//! if !require_redis() {
-//!     return;
-//! }
-//! ```
-//!
-//! [`require_redis`] checks that `redis-server` and `redis-cli` can be run.
-//! When they can't:
-//! * with `CI=true` (or `REQUIRE_REDIS=1`) it **panics** with
-//!   "redis-server not found; run scripts/test.sh which installs it", so a CI
-//!   run can never pass by silently skipping the Redis tests;
-//! * otherwise it prints a loud `SKIPPED` line to stderr and returns `false`,
-//!   so the test returns early (and shows as passed).
-//!
-//! `scripts/test.sh` installs Redis (Debian `redis-server` + `redis-tools`)
-//! and exports `REQUIRE_REDIS=1` under CI. `REDIS_SERVER_BIN` / `REDIS_CLI_BIN`
-//! override the binaries that are run.
+//! `scripts/test.sh` installs Redis (Debian `redis-server` + `redis-tools`).
+//! `REDIS_SERVER_BIN` / `REDIS_CLI_BIN` override the binaries that are run.
 //!
 //! # What the servers look like
 //!
@@ -56,8 +39,8 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -65,13 +48,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use ::redis::Value;
+use ::redis::{
+    Client, Cmd, Connection, ConnectionAddr, ConnectionInfo, ConnectionLike, FromRedisValue,
+    IntoConnectionInfo, RedisConnectionInfo, RedisResult,
+};
+
 /// How long a server may take to answer PING after being spawned.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a replica may take to sync, or a failover to complete.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `redis-cli --cluster create` plus convergence may take.
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default read/write timeout of one command on a [`RespConn`].
+/// Default read/write timeout of one command on a harness connection.
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How many fresh ports to try when another process steals the chosen one.
 const PORT_ATTEMPTS: usize = 5;
@@ -90,22 +79,6 @@ fn redis_server_bin() -> String {
 
 fn redis_cli_bin() -> String {
     std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".to_owned())
-}
-
-fn env_flag(name: &str) -> bool {
-    matches!(
-        std::env::var(name)
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase()
-            .as_str(),
-        "1" | "true" | "yes"
-    )
-}
-
-/// Whether a missing Redis must fail the test (`CI=true` or `REQUIRE_REDIS=1`).
-pub fn redis_required() -> bool {
-    env_flag("CI") || env_flag("REQUIRE_REDIS")
 }
 
 /// `Ok(version)` if `redis-server` and `redis-cli` can be run, else why not.
@@ -152,43 +125,27 @@ fn parse_version(text: &str) -> (u32, u32, u32) {
     )
 }
 
-/// Version of the `redis-server` binary, e.g. `(7, 0, 15)`.
-///
-/// Panics if Redis is not available (call [`require_redis`] first).
+/// Version of the `redis-server` binary, e.g. `(7, 0, 15)`; panics, as
+/// [`require_redis`] does, if it cannot be run.
+#[track_caller]
 pub fn redis_version() -> (u32, u32, u32) {
     match redis_availability() {
         Ok(v) => *v,
-        Err(why) => panic!("redis-server not found; run scripts/test.sh which installs it ({why})"),
+        Err(why) => missing("redis-server", why),
     }
 }
 
-/// Call at the top of every Redis test: `if !require_redis() { return; }`.
-///
-/// Returns `true` when `redis-server` and `redis-cli` are runnable. When
-/// they are not: panics under `CI=true` / `REQUIRE_REDIS=1`, otherwise
-/// prints a loud SKIPPED message to stderr and returns `false`.
-pub fn require_redis() -> bool {
-    match redis_availability() {
-        Ok(_) => true,
-        Err(why) => {
-            if redis_required() {
-                panic!(
-                    "redis-server not found; run scripts/test.sh which installs it \
-                     ({why}; CI=true or REQUIRE_REDIS=1 forbids skipping)"
-                );
-            }
-            let test = thread::current().name().unwrap_or("<unnamed>").to_owned();
-            // Straight to the stderr handle: libtest captures `eprintln!`
-            // of passing tests, and this must be seen.
-            let _ = writeln!(
-                io::stderr(),
-                "\n!!!!!!!!!! SKIPPED {test}: redis-server not found ({why}).\n\
-                 !!!!!!!!!! This test did NOT run. Run scripts/test.sh, which installs \
-                 redis-server/redis-tools, or set REQUIRE_REDIS=1 to fail instead.\n"
-            );
-            false
-        }
-    }
+/// Call at the top of every Redis test: panics unless `redis-server` and
+/// `redis-cli` can be run.
+#[track_caller]
+pub fn require_redis() {
+    redis_version();
+}
+
+/// The one answer to a missing tool: a panic that says how to get it.
+#[track_caller]
+pub fn missing(tool: &str, why: &str) -> ! {
+    panic!("{tool} not found: run scripts/test.sh, which installs it ({why})")
 }
 
 // ---------------------------------------------------------------------------
@@ -328,259 +285,101 @@ fn send_signal(pid: u32, signal: &str) {
 }
 
 // ---------------------------------------------------------------------------
-// RESP
+// Connections (redis-rs's synchronous client)
 // ---------------------------------------------------------------------------
 
-/// A RESP2 reply.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Resp {
-    /// `+OK`
-    Simple(String),
-    /// `-ERR ...` (the text after `-`)
-    Error(String),
-    /// `:42`
-    Int(i64),
-    /// `$3\r\nfoo` / `$-1` (nil)
-    Bulk(Option<Vec<u8>>),
-    /// `*2\r\n...` / `*-1` (nil)
-    Array(Option<Vec<Resp>>),
+/// The harness's connection settings for `addr`: RESP2, and no `CLIENT
+/// SETINFO` on connect, so that `MONITOR` and `INFO commandstats` show only
+/// what a test sent.
+pub fn connection_info(addr: ConnectionAddr) -> ConnectionInfo {
+    addr.into_connection_info()
+        .expect("a harness address is valid")
+        .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
 }
 
-impl Resp {
-    /// Nil bulk string or nil array.
-    pub fn is_nil(&self) -> bool {
-        matches!(self, Resp::Bulk(None) | Resp::Array(None))
-    }
-
-    pub fn is_error(&self) -> bool {
-        matches!(self, Resp::Error(_))
-    }
-
-    /// `+OK`.
-    pub fn is_ok(&self) -> bool {
-        matches!(self, Resp::Simple(s) if s == "OK")
-    }
-
-    /// Panics unless the reply is `+OK`.
-    #[track_caller]
-    pub fn assert_ok(&self) {
-        assert!(self.is_ok(), "expected +OK, got {self:?}");
-    }
-
-    /// Integer reply, or a simple/bulk string that parses as an integer.
-    pub fn try_int(&self) -> Option<i64> {
-        match self {
-            Resp::Int(i) => Some(*i),
-            Resp::Simple(s) => s.trim().parse().ok(),
-            Resp::Bulk(Some(b)) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
-            _ => None,
-        }
-    }
-
-    /// Like [`Resp::try_int`], panicking otherwise.
-    #[track_caller]
-    pub fn as_int(&self) -> i64 {
-        self.try_int()
-            .unwrap_or_else(|| panic!("expected an integer reply, got {self:?}"))
-    }
-
-    /// Simple or bulk string (lossy UTF-8), or an integer's decimal text.
-    pub fn try_string(&self) -> Option<String> {
-        match self {
-            Resp::Simple(s) => Some(s.clone()),
-            Resp::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-            Resp::Int(i) => Some(i.to_string()),
-            _ => None,
-        }
-    }
-
-    /// Like [`Resp::try_string`], panicking otherwise (also on nil and errors).
-    #[track_caller]
-    pub fn as_string(&self) -> String {
-        self.try_string()
-            .unwrap_or_else(|| panic!("expected a string reply, got {self:?}"))
-    }
-
-    /// Bytes of a simple or non-nil bulk string.
-    pub fn as_bytes(&self) -> Option<&[u8]> {
-        match self {
-            Resp::Simple(s) => Some(s.as_bytes()),
-            Resp::Bulk(Some(b)) => Some(b),
-            _ => None,
-        }
-    }
-
-    /// Elements of a non-nil array; panics otherwise.
-    #[track_caller]
-    pub fn as_array(&self) -> &[Resp] {
-        match self {
-            Resp::Array(Some(items)) => items,
-            other => panic!("expected an array reply, got {other:?}"),
-        }
-    }
-
-    /// Elements of a non-nil array as strings; panics otherwise.
-    #[track_caller]
-    pub fn as_strings(&self) -> Vec<String> {
-        self.as_array().iter().map(Resp::as_string).collect()
-    }
-
-    /// Error text of an error reply.
-    pub fn error_text(&self) -> Option<&str> {
-        match self {
-            Resp::Error(e) => Some(e),
-            _ => None,
-        }
-    }
+/// A new connection to `addr` with these connect and read/write timeouts.
+pub fn connect_with(
+    addr: ConnectionAddr,
+    connect: Duration,
+    io: Duration,
+) -> RedisResult<Connection> {
+    let con = Client::open(connection_info(addr))?.get_connection_with_timeout(connect)?;
+    con.set_read_timeout(Some(io))?;
+    con.set_write_timeout(Some(io))?;
+    Ok(con)
 }
 
-impl fmt::Debug for Resp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Resp::Simple(s) => write!(f, "Simple({s:?})"),
-            Resp::Error(e) => write!(f, "Error({e:?})"),
-            Resp::Int(i) => write!(f, "Int({i})"),
-            Resp::Bulk(None) => f.write_str("Bulk(nil)"),
-            Resp::Bulk(Some(b)) => write!(f, "Bulk({:?})", String::from_utf8_lossy(b)),
-            Resp::Array(None) => f.write_str("Array(nil)"),
-            Resp::Array(Some(items)) => f.debug_list().entries(items).finish(),
-        }
+/// A new connection to `127.0.0.1:PORT` (2 s to connect, [`CMD_TIMEOUT`]
+/// per command).
+pub fn connect(addr: SocketAddr) -> RedisResult<Connection> {
+    connect_with(tcp(addr), Duration::from_secs(2), CMD_TIMEOUT)
+}
+
+/// `addr` as a redis-rs TCP address.
+pub fn tcp(addr: SocketAddr) -> ConnectionAddr {
+    ConnectionAddr::Tcp(addr.ip().to_string(), addr.port())
+}
+
+/// The command `args` (name first) as redis-rs sends it.
+pub fn command<A: AsRef<[u8]>>(args: &[A]) -> Cmd {
+    let (name, rest) = args.split_first().expect("a command has a name");
+    let mut cmd = ::redis::cmd(std::str::from_utf8(name.as_ref()).expect("a UTF-8 command name"));
+    for arg in rest {
+        cmd.arg(arg.as_ref());
     }
+    cmd
 }
 
-pub fn encode_command<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + args.len() * 16);
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for arg in args {
-        let arg = arg.as_ref();
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
+/// Runs `args` on `con`. A Redis error reply is `Ok(Value::ServerError)`;
+/// `Err` is a connection failure.
+pub fn run<A: AsRef<[u8]>>(con: &mut Connection, args: &[A]) -> RedisResult<Value> {
+    con.req_command(&command(args))
 }
 
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg)
+/// Runs `args` on a fresh connection to `addr`; see [`run`].
+pub fn cmd_at<A: AsRef<[u8]>>(addr: SocketAddr, args: &[A]) -> RedisResult<Value> {
+    run(&mut connect(addr)?, args)
 }
 
-fn read_line(r: &mut impl BufRead) -> io::Result<String> {
-    let mut buf = Vec::new();
-    r.read_until(b'\n', &mut buf)?;
-    if buf.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed by redis",
-        ));
-    }
-    if !buf.ends_with(b"\r\n") {
-        return Err(invalid(format!(
-            "RESP line not terminated by CRLF: {:?}",
-            String::from_utf8_lossy(&buf)
-        )));
-    }
-    buf.truncate(buf.len() - 2);
-    String::from_utf8(buf).map_err(|e| invalid(format!("RESP line is not UTF-8: {e}")))
-}
-
-fn parse_len(s: &str) -> io::Result<i64> {
-    s.parse()
-        .map_err(|_| invalid(format!("bad RESP length/integer {s:?}")))
-}
-
-/// Reads one RESP2 value (arrays recursively).
-pub fn read_resp(r: &mut impl BufRead) -> io::Result<Resp> {
-    let line = read_line(r)?;
-    let (kind, rest) = match line.chars().next() {
-        Some(c) => (c, &line[c.len_utf8()..]),
-        None => return Err(invalid("empty RESP line".to_owned())),
+/// One PING on a fresh connection with short timeouts: `true` on `PONG`.
+pub fn ping_at(addr: ConnectionAddr) -> bool {
+    let Ok(mut con) = connect_with(addr, Duration::from_millis(250), Duration::from_secs(1)) else {
+        return false;
     };
-    match kind {
-        '+' => Ok(Resp::Simple(rest.to_owned())),
-        '-' => Ok(Resp::Error(rest.to_owned())),
-        ':' => Ok(Resp::Int(parse_len(rest)?)),
-        '$' => {
-            let len = parse_len(rest)?;
-            if len < 0 {
-                return Ok(Resp::Bulk(None));
-            }
-            let len = usize::try_from(len).map_err(|_| invalid(format!("bulk too long: {len}")))?;
-            let mut data = vec![0; len + 2];
-            r.read_exact(&mut data)?;
-            if !data.ends_with(b"\r\n") {
-                return Err(invalid("bulk string not terminated by CRLF".to_owned()));
-            }
-            data.truncate(len);
-            Ok(Resp::Bulk(Some(data)))
-        }
-        '*' => {
-            let len = parse_len(rest)?;
-            if len < 0 {
-                return Ok(Resp::Array(None));
-            }
-            let mut items = Vec::with_capacity(usize::try_from(len).unwrap_or(0).min(1024));
-            for _ in 0..len {
-                items.push(read_resp(r)?);
-            }
-            Ok(Resp::Array(Some(items)))
-        }
-        other => Err(invalid(format!(
-            "unknown RESP type byte {other:?} in line {line:?}"
-        ))),
+    matches!(run(&mut con, &["PING"]), Ok(Value::SimpleString(s)) if s == "PONG")
+}
+
+/// `value` as a `T`, or a panic naming the command `args` that answered it.
+#[track_caller]
+pub fn convert<T: FromRedisValue>(value: Value, args: &[impl AsRef<[u8]>]) -> T {
+    match ::redis::from_redis_value_ref(&value) {
+        Ok(v) => v,
+        Err(e) => panic!(
+            "`{}` answered {value:?}, not a {}: {e}",
+            display_args(args),
+            std::any::type_name::<T>()
+        ),
     }
 }
 
-/// A tiny blocking RESP2 connection.
-pub struct RespConn {
-    reader: BufReader<TcpStream>,
-    addr: SocketAddr,
+/// The integer in `value` (an integer reply, or a string of one).
+pub fn int(value: &Value) -> Option<i64> {
+    ::redis::from_redis_value_ref(value).ok()
 }
 
-impl RespConn {
-    /// Connects (2 s connect timeout, [`CMD_TIMEOUT`] read/write timeouts).
-    pub fn connect(addr: SocketAddr) -> io::Result<Self> {
-        Self::connect_timeout(addr, Duration::from_secs(2), CMD_TIMEOUT)
-    }
+/// Panics unless `value` is `OK`, naming the command `what`.
+#[track_caller]
+pub fn assert_ok(value: Value, what: &str) {
+    assert_eq!(value, Value::Okay, "{what}");
+}
 
-    pub fn connect_timeout(
-        addr: SocketAddr,
-        connect: Duration,
-        io_timeout: Duration,
-    ) -> io::Result<Self> {
-        let stream = TcpStream::connect_timeout(&addr, connect)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(io_timeout))?;
-        stream.set_write_timeout(Some(io_timeout))?;
-        Ok(RespConn {
-            reader: BufReader::new(stream),
-            addr,
-        })
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Read/write timeout for subsequent commands (`None` = block forever).
-    pub fn set_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        self.reader.get_ref().set_read_timeout(timeout)?;
-        self.reader.get_ref().set_write_timeout(timeout)
-    }
-
-    /// Sends a command without reading its reply (for pipelining).
-    pub fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<()> {
-        self.reader.get_mut().write_all(&encode_command(args))
-    }
-
-    /// Reads one reply.
-    pub fn read(&mut self) -> io::Result<Resp> {
-        read_resp(&mut self.reader)
-    }
-
-    /// Sends a command and reads its reply. Server errors are `Ok(Resp::Error)`.
-    pub fn cmd<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<Resp> {
-        self.send(args)?;
-        self.read()
+/// The text of a string reply (lossy UTF-8), if it is one.
+pub fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
     }
 }
 
@@ -695,11 +494,7 @@ impl RedisServer {
     }
 
     fn spawn(args: Vec<String>, cluster: bool) -> Self {
-        assert!(
-            redis_availability().is_ok(),
-            "redis-server not found; run scripts/test.sh which installs it \
-             (call require_redis() at the start of the test to skip instead)"
-        );
+        require_redis();
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             let port = pick_free_port();
@@ -814,7 +609,7 @@ impl RedisServer {
                 let pid = self
                     .try_cmd(&["INFO", "server"])
                     .ok()
-                    .and_then(|r| r.try_string())
+                    .and_then(|r| text(&r))
                     .and_then(|s| parse_info(&s).get("process_id").cloned());
                 match pid {
                     Some(p) if p == self.pid.to_string() => return Ok(()),
@@ -839,16 +634,9 @@ impl RedisServer {
         }
     }
 
-    /// One PING on a fresh connection with short timeouts: `true` on `+PONG`.
+    /// One PING on a fresh connection with short timeouts: `true` on `PONG`.
     pub fn ping(&self) -> bool {
-        let Ok(mut conn) = RespConn::connect_timeout(
-            self.addr(),
-            Duration::from_millis(250),
-            Duration::from_secs(1),
-        ) else {
-            return false;
-        };
-        matches!(conn.cmd(&["PING"]), Ok(Resp::Simple(s)) if s == "PONG")
+        ping_at(tcp(self.addr()))
     }
 
     pub fn port(&self) -> u16 {
@@ -918,10 +706,10 @@ impl RedisServer {
         )
     }
 
-    /// A new connection to this server (panics if it cannot connect).
+    /// A new redis-rs connection to this server (panics if it cannot connect).
     #[track_caller]
-    pub fn conn(&self) -> RespConn {
-        RespConn::connect(self.addr()).unwrap_or_else(|e| {
+    pub fn conn(&self) -> Connection {
+        connect(self.addr()).unwrap_or_else(|e| {
             panic!(
                 "cannot connect to {}: {e}\n{}",
                 self.addr(),
@@ -930,15 +718,16 @@ impl RedisServer {
         })
     }
 
-    /// Runs one command on a fresh connection.
-    pub fn try_cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> io::Result<Resp> {
-        RespConn::connect(self.addr())?.cmd(args)
+    /// Runs one command on a fresh connection. A Redis error reply is
+    /// `Ok(Value::ServerError)`; `Err` is a connection failure.
+    pub fn try_cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> RedisResult<Value> {
+        cmd_at(self.addr(), args)
     }
 
-    /// Runs one command on a fresh connection; panics on I/O errors (not on
-    /// Redis errors, which come back as [`Resp::Error`]).
+    /// Runs one command on a fresh connection; panics on connection errors
+    /// (not on Redis errors, which come back as `Value::ServerError`).
     #[track_caller]
-    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Resp {
+    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Value {
         self.try_cmd(args).unwrap_or_else(|e| {
             panic!(
                 "`{}` on 127.0.0.1:{} failed: {e}\n{}",
@@ -949,14 +738,17 @@ impl RedisServer {
         })
     }
 
+    /// Runs one command on a fresh connection and converts its reply, e.g.
+    /// `server.query::<i64>(&["DBSIZE"])`; panics on any error, Redis's too.
+    #[track_caller]
+    pub fn query<T: FromRedisValue>(&self, args: &[impl AsRef<[u8]>]) -> T {
+        convert(self.cmd(args), args)
+    }
+
     /// `INFO <name>` as `key -> value`.
     #[track_caller]
     pub fn info_section(&self, name: &str) -> HashMap<String, String> {
-        let reply = self.cmd(&["INFO", name]);
-        match reply.try_string() {
-            Some(text) => parse_info(&text),
-            None => panic!("INFO {name} returned {reply:?}"),
-        }
+        parse_info(&self.query::<String>(&["INFO", name]))
     }
 
     /// Counters of `cmd` from `INFO commandstats` (`None` if never called).
@@ -977,20 +769,22 @@ impl RedisServer {
     /// `CONFIG RESETSTAT` (zeroes commandstats, errorstats, ...).
     #[track_caller]
     pub fn config_resetstat(&self) {
-        self.cmd(&["CONFIG", "RESETSTAT"]).assert_ok();
+        assert_ok(self.cmd(&["CONFIG", "RESETSTAT"]), "CONFIG RESETSTAT");
     }
 
     /// `CONFIG SET key value`.
     #[track_caller]
     pub fn config_set(&self, key: &str, value: &str) {
-        let reply = self.cmd(&["CONFIG", "SET", key, value]);
-        assert!(reply.is_ok(), "CONFIG SET {key} {value} returned {reply:?}");
+        assert_ok(
+            self.cmd(&["CONFIG", "SET", key, value]),
+            &format!("CONFIG SET {key} {value}"),
+        );
     }
 
     /// `FLUSHALL`.
     #[track_caller]
     pub fn flushall(&self) {
-        self.cmd(&["FLUSHALL"]).assert_ok();
+        assert_ok(self.cmd(&["FLUSHALL"]), "FLUSHALL");
     }
 
     /// All keys matching `pattern` (via SCAN), sorted.
@@ -1000,13 +794,11 @@ impl RedisServer {
         let mut cursor = "0".to_owned();
         let mut keys = Vec::new();
         loop {
-            let reply = conn
-                .cmd(&["SCAN", &cursor, "MATCH", pattern, "COUNT", "1000"])
-                .unwrap_or_else(|e| panic!("SCAN failed: {e}"));
-            let parts = reply.as_array();
-            assert_eq!(parts.len(), 2, "bad SCAN reply {reply:?}");
-            cursor = parts[0].as_string();
-            keys.extend(parts[1].as_strings());
+            let args = ["SCAN", &cursor, "MATCH", pattern, "COUNT", "1000"];
+            let reply = run(&mut conn, &args).unwrap_or_else(|e| panic!("SCAN failed: {e}"));
+            let (next, page): (String, Vec<String>) = convert(reply, &args);
+            cursor = next;
+            keys.extend(page);
             if cursor == "0" {
                 break;
             }
@@ -1018,7 +810,7 @@ impl RedisServer {
 
     /// `role` from `INFO replication` (`"master"` / `"slave"`), if reachable.
     pub fn role(&self) -> Option<String> {
-        let text = self.try_cmd(&["INFO", "replication"]).ok()?.try_string()?;
+        let text = text(&self.try_cmd(&["INFO", "replication"]).ok()?)?;
         parse_info(&text).remove("role")
     }
 
@@ -1039,17 +831,21 @@ impl RedisServer {
         let mut conn = self.conn();
         let mut missing = Vec::new();
         for chunk in keys.chunks(500) {
+            let mut pipe = ::redis::pipe();
             for key in chunk {
-                conn.send(&["PTTL", key.as_str()])
-                    .unwrap_or_else(|e| panic!("PTTL failed: {e}"));
+                pipe.cmd("PTTL").arg(key);
             }
-            for key in chunk {
-                let reply = conn.read().unwrap_or_else(|e| panic!("PTTL failed: {e}"));
-                // -2: expired/deleted since SCAN; -1: no TTL.
-                if reply.try_int() == Some(-1) {
-                    missing.push(key.clone());
-                }
-            }
+            let ttls: Vec<i64> = pipe
+                .query(&mut conn)
+                .unwrap_or_else(|e| panic!("PTTL failed: {e}"));
+            // -2: expired/deleted since SCAN; -1: no TTL.
+            missing.extend(
+                chunk
+                    .iter()
+                    .zip(ttls)
+                    .filter(|(_, ttl)| *ttl == -1)
+                    .map(|(key, _)| key.clone()),
+            );
         }
         missing
     }
@@ -1062,11 +858,10 @@ impl RedisServer {
         let mut conn = self.conn();
         keys.into_iter()
             .filter_map(|key| {
-                let reply = conn
-                    .cmd(&["PTTL", key.as_str()])
-                    .unwrap_or_else(|e| panic!("PTTL failed: {e}"));
+                let args = ["PTTL", key.as_str()];
+                let reply = run(&mut conn, &args).unwrap_or_else(|e| panic!("PTTL failed: {e}"));
                 // -2: expired or deleted since SCAN.
-                let ttl = reply.as_int();
+                let ttl: i64 = convert(reply, &args);
                 (ttl != -2).then_some((key, ttl))
             })
             .collect()
@@ -1075,9 +870,7 @@ impl RedisServer {
     /// Redis's own clock (`TIME`), Unix ms.
     #[track_caller]
     pub fn time_ms(&self) -> u64 {
-        let t = self.cmd(&["TIME"]).as_strings();
-        let secs: u64 = t[0].parse().unwrap();
-        let micros: u64 = t[1].parse().unwrap();
+        let (secs, micros): (u64, u64) = self.query(&["TIME"]);
         secs * 1_000 + micros / 1_000
     }
 
@@ -1087,13 +880,9 @@ impl RedisServer {
     /// moved (libfaketime does not run redis-server).
     #[track_caller]
     pub fn shift_scores(&self, key: &str, by_ms: i64) {
-        let members = self
-            .cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
-            .as_strings();
-        for pair in members.chunks(2) {
-            let score: i64 = pair[1].parse().unwrap();
-            self.cmd(&["ZADD", key, "XX", &(score + by_ms).to_string(), &pair[0]])
-                .as_int();
+        let members: Vec<(String, i64)> = self.query(&["ZRANGE", key, "0", "-1", "WITHSCORES"]);
+        for (member, score) in members {
+            self.query::<i64>(&["ZADD", key, "XX", &(score + by_ms).to_string(), &member]);
         }
     }
 
@@ -1253,20 +1042,20 @@ impl RedisClient {
         format!("redis://127.0.0.1:{}", self.addr.port())
     }
 
-    /// A new connection (panics if it cannot connect).
+    /// A new redis-rs connection (panics if it cannot connect).
     #[track_caller]
-    pub fn conn(&self) -> RespConn {
-        RespConn::connect(self.addr)
-            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.addr))
+    pub fn conn(&self) -> Connection {
+        connect(self.addr).unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.addr))
     }
 
-    pub fn try_cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> io::Result<Resp> {
-        RespConn::connect(self.addr)?.cmd(args)
+    /// Like [`RedisServer::try_cmd`].
+    pub fn try_cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> RedisResult<Value> {
+        cmd_at(self.addr, args)
     }
 
-    /// Like [`RedisServer::cmd`]: panics on I/O errors, not on Redis errors.
+    /// Like [`RedisServer::cmd`]: panics on connection errors, not on Redis errors.
     #[track_caller]
-    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Resp {
+    pub fn cmd<A: AsRef<[u8]>>(&self, args: &[A]) -> Value {
         self.try_cmd(args).unwrap_or_else(|e| {
             panic!(
                 "`{}` on {} failed: {e}\n--- tail of {} ---\n{}",
@@ -1278,14 +1067,16 @@ impl RedisClient {
         })
     }
 
+    /// Like [`RedisServer::query`].
+    #[track_caller]
+    pub fn query<T: FromRedisValue>(&self, args: &[impl AsRef<[u8]>]) -> T {
+        convert(self.cmd(args), args)
+    }
+
     /// `INFO <name>` as `key -> value`.
     #[track_caller]
     pub fn info_section(&self, name: &str) -> HashMap<String, String> {
-        let reply = self.cmd(&["INFO", name]);
-        match reply.try_string() {
-            Some(text) => parse_info(&text),
-            None => panic!("INFO {name} returned {reply:?}"),
-        }
+        parse_info(&self.query::<String>(&["INFO", name]))
     }
 }
 
@@ -1360,39 +1151,53 @@ impl MonitorEntry {
 ///
 /// `MONITOR` itself and `stop()`'s marker (`ECHO`) show up in commandstats;
 /// admin commands such as `CONFIG` are not shown by `MONITOR`.
+///
+/// redis-rs has no synchronous monitor: the thread reads the `MONITOR`
+/// lines from a redis-rs connection with `recv_response`, as redis-rs
+/// documents for `MONITOR`, and ends when it reads this monitor's `ECHO`
+/// marker (or the server goes away).
 pub struct Monitor {
-    stream: TcpStream,
     entries: Arc<Mutex<Vec<MonitorEntry>>>,
     reader: Option<JoinHandle<()>>,
     server_addr: SocketAddr,
+    marker: String,
 }
 
 impl Monitor {
     fn start(server: &RedisServer) -> Self {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let marker = format!(
+            "tower-ratelimit-monitor-stop-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
         let mut conn = server.conn();
-        let reply = conn
-            .cmd(&["MONITOR"])
-            .unwrap_or_else(|e| panic!("MONITOR failed: {e}"));
-        reply.assert_ok();
-        let RespConn { reader, .. } = conn;
-        let stream = reader.get_ref().try_clone().expect("clone MONITOR socket");
-        let _ = reader.get_ref().set_read_timeout(None);
+        let reply = run(&mut conn, &["MONITOR"]).unwrap_or_else(|e| panic!("MONITOR failed: {e}"));
+        assert_ok(reply, "MONITOR");
+        // No read timeout: a timeout would drop the next line (redis-rs skips
+        // a reply that came too late).
+        conn.set_read_timeout(None)
+            .expect("clear the MONITOR read timeout");
         let entries = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&entries);
+        let end = marker.clone();
         let handle = thread::spawn(move || {
-            let mut reader = reader;
-            // Ends on EOF, i.e. when `stop()`/`drop` shuts the socket down.
-            while let Ok(Resp::Simple(line)) = read_resp(&mut reader) {
-                if let Some(entry) = parse_monitor_line(&line) {
-                    sink.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
+            while let Ok(Value::SimpleString(line)) = conn.recv_response() {
+                let Some(entry) = parse_monitor_line(&line) else {
+                    continue;
+                };
+                let last = entry.args.len() == 2 && entry.args[1] == end;
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
+                if last {
+                    break;
                 }
             }
         });
         Monitor {
-            stream,
             entries,
             reader: Some(handle),
             server_addr: server.addr(),
+            marker,
         }
     }
 
@@ -1409,16 +1214,10 @@ impl Monitor {
     /// up, so nothing that completed before `stop()` is missed.
     #[track_caller]
     pub fn stop(mut self) -> Vec<MonitorEntry> {
-        static SEQ: AtomicUsize = AtomicUsize::new(0);
-        let marker = format!(
-            "tower-ratelimit-monitor-stop-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let reply = RespConn::connect(self.server_addr)
-            .and_then(|mut c| c.cmd(&["ECHO", marker.as_str()]))
+        let marker = self.marker.clone();
+        let reply = cmd_at(self.server_addr, &["ECHO", marker.as_str()])
             .unwrap_or_else(|e| panic!("ECHO marker to {} failed: {e}", self.server_addr));
-        assert_eq!(reply.try_string().as_deref(), Some(marker.as_str()));
+        assert_eq!(text(&reply).as_deref(), Some(marker.as_str()));
         let is_marker = |e: &MonitorEntry| e.args.len() == 2 && e.args[1] == marker;
         let entries = Arc::clone(&self.entries);
         let found = wait_until(
@@ -1430,21 +1229,27 @@ impl Monitor {
             },
             || format!("MONITOR on {} saw no marker", self.server_addr),
         );
-        self.shutdown();
-        found
-    }
-
-    fn shutdown(&mut self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
+        // The reader ends on the marker it just read.
         if let Some(h) = self.reader.take() {
             let _ = h.join();
         }
+        found
     }
 }
 
 impl Drop for Monitor {
+    /// Without `stop()`: sends the marker so the reader ends, without
+    /// waiting for it (the server may be paused or gone; the reader then
+    /// ends with its connection).
     fn drop(&mut self) {
-        self.shutdown();
+        if self.reader.take().is_some() {
+            let _ = connect_with(
+                tcp(self.server_addr),
+                Duration::from_millis(250),
+                Duration::from_secs(1),
+            )
+            .and_then(|mut c| run(&mut c, &["ECHO", self.marker.as_str()]));
+        }
     }
 }
 
@@ -1544,11 +1349,7 @@ rm -rf -- "$3""#;
 
 fn wait_for_replica_sync(replica: &RedisServer, primary: SocketAddr) {
     let offset = |addr: SocketAddr, field: &str| -> Option<(u64, HashMap<String, String>)> {
-        let text = RespConn::connect(addr)
-            .ok()?
-            .cmd(&["INFO", "replication"])
-            .ok()?
-            .try_string()?;
+        let text = text(&cmd_at(addr, &["INFO", "replication"]).ok()?)?;
         let info = parse_info(&text);
         Some((info.get(field)?.parse().ok()?, info))
     };
@@ -1692,7 +1493,7 @@ impl Cluster {
         let mut problems = Vec::new();
         for node in &self.nodes {
             let p = node.port();
-            let info = match node.try_cmd(&["CLUSTER", "INFO"]).map(|r| r.try_string()) {
+            let info = match node.try_cmd(&["CLUSTER", "INFO"]).map(|r| text(&r)) {
                 Ok(Some(text)) => parse_info(&text),
                 other => {
                     problems.push(format!("{p}: CLUSTER INFO -> {other:?}"));
@@ -1713,7 +1514,7 @@ impl Cluster {
             if get("cluster_known_nodes") != total.to_string() {
                 problems.push(format!("{p}: knows {} nodes", get("cluster_known_nodes")));
             }
-            let lines = match node.try_cmd(&["CLUSTER", "NODES"]).map(|r| r.try_string()) {
+            let lines = match node.try_cmd(&["CLUSTER", "NODES"]).map(|r| text(&r)) {
                 Ok(Some(text)) => parse_cluster_nodes(&text),
                 other => {
                     problems.push(format!("{p}: CLUSTER NODES -> {other:?}"));
@@ -1739,10 +1540,7 @@ impl Cluster {
             if replicas != expect_replicas {
                 problems.push(format!("{p}: sees {replicas} replicas"));
             }
-            match node
-                .try_cmd(&["INFO", "replication"])
-                .map(|r| r.try_string())
-            {
+            match node.try_cmd(&["INFO", "replication"]).map(|r| text(&r)) {
                 Ok(Some(text)) => {
                     let repl = parse_info(&text);
                     if repl.get("role").map(String::as_str) == Some("slave")
@@ -1788,7 +1586,7 @@ impl Cluster {
                 let info = n
                     .try_cmd(&["CLUSTER", "INFO"])
                     .ok()
-                    .and_then(|r| r.try_string())
+                    .and_then(|r| text(&r))
                     .map(|t| parse_info(&t))
                     .unwrap_or_default();
                 let get = |k: &str| info.get(k).cloned().unwrap_or_default();
@@ -1805,15 +1603,15 @@ impl Cluster {
                 // cluster-node-timeout passes: also require that every
                 // slot is served by a node that is actually up.
                 match n.try_cmd(&["CLUSTER", "SLOTS"]) {
-                    Ok(Resp::Array(Some(ranges))) => {
+                    Ok(Value::Array(ranges)) => {
                         let mut served = 0;
                         for range in &ranges {
                             let r = match range {
-                                Resp::Array(Some(r)) if r.len() >= 3 => r,
+                                Value::Array(r) if r.len() >= 3 => r,
                                 _ => continue,
                             };
                             let port = match &r[2] {
-                                Resp::Array(Some(m)) if m.len() >= 2 => m[1].try_int(),
+                                Value::Array(m) if m.len() >= 2 => int(&m[1]),
                                 _ => None,
                             };
                             let up = self.nodes.iter().any(|x| {
@@ -1822,8 +1620,7 @@ impl Cluster {
                                     && !x.is_paused()
                             });
                             if up {
-                                served +=
-                                    r[1].try_int().unwrap_or(-1) - r[0].try_int().unwrap_or(0) + 1;
+                                served += int(&r[1]).unwrap_or(-1) - int(&r[0]).unwrap_or(0) + 1;
                             }
                         }
                         if served != 16384 {
@@ -1903,12 +1700,13 @@ impl Cluster {
     #[track_caller]
     pub fn master_for_key(&self, key: &str) -> &RedisServer {
         let any = &self.nodes[self.master_indices()[0]];
-        let slot = any.cmd(&["CLUSTER", "KEYSLOT", key]).as_int();
-        let slots = any.cmd(&["CLUSTER", "SLOTS"]);
-        for range in slots.as_array() {
-            let r = range.as_array();
-            if r[0].as_int() <= slot && slot <= r[1].as_int() {
-                let port = r[2].as_array()[1].as_int();
+        let slot: i64 = any.query(&["CLUSTER", "KEYSLOT", key]);
+        let slots: Vec<Vec<Value>> = any.query(&["CLUSTER", "SLOTS"]);
+        for r in &slots {
+            let (start, end) = (int(&r[0]), int(&r[1]));
+            if start.is_some_and(|s| s <= slot) && end.is_some_and(|e| slot <= e) {
+                let master: Vec<Value> = convert(r[2].clone(), &["CLUSTER", "SLOTS"]);
+                let port = int(&master[1]).expect("a port");
                 return self
                     .nodes
                     .iter()
@@ -1965,8 +1763,8 @@ impl Cluster {
     #[track_caller]
     pub fn failover_node(&self, node_index: usize) {
         let node = &self.nodes[node_index];
-        let my_id = node.cmd(&["CLUSTER", "MYID"]).as_string();
-        let lines = parse_cluster_nodes(&node.cmd(&["CLUSTER", "NODES"]).as_string());
+        let my_id: String = node.query(&["CLUSTER", "MYID"]);
+        let lines = parse_cluster_nodes(&node.query::<String>(&["CLUSTER", "NODES"]));
         let me = lines
             .iter()
             .find(|l| l.id == my_id)
@@ -1991,7 +1789,7 @@ impl Cluster {
                 let Some(text) = old
                     .try_cmd(&["INFO", "replication"])
                     .ok()
-                    .and_then(|r| r.try_string())
+                    .and_then(|r| text(&r))
                 else {
                     return false;
                 };
@@ -2009,7 +1807,7 @@ impl Cluster {
                     let state_ok = n
                         .try_cmd(&["CLUSTER", "INFO"])
                         .ok()
-                        .and_then(|r| r.try_string())
+                        .and_then(|r| text(&r))
                         .map(|t| {
                             parse_info(&t).get("cluster_state").map(String::as_str) == Some("ok")
                         })
@@ -2017,7 +1815,7 @@ impl Cluster {
                     let view = n
                         .try_cmd(&["CLUSTER", "NODES"])
                         .ok()
-                        .and_then(|r| r.try_string())
+                        .and_then(|r| text(&r))
                         .map(|t| parse_cluster_nodes(&t))
                         .unwrap_or_default();
                     let has = |id: &str, flag: &str| {
@@ -2035,8 +1833,7 @@ impl Cluster {
         let deadline = Instant::now() + SYNC_TIMEOUT;
         loop {
             if node.role().as_deref() != Some("master") {
-                let reply = node.cmd(&["CLUSTER", "FAILOVER"]);
-                assert!(reply.is_ok(), "CLUSTER FAILOVER returned {reply:?}");
+                assert_ok(node.cmd(&["CLUSTER", "FAILOVER"]), "CLUSTER FAILOVER");
             }
             let budget = deadline
                 .saturating_duration_since(Instant::now())

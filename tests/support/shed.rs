@@ -2,34 +2,9 @@
 //! request of a class, and checking a shed answer.
 #![allow(dead_code)]
 
-use super::http_support::{HttpClient, Reply};
+use super::http::{HttpClient, Reply};
 use axum::http::StatusCode;
-use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 use tower_ratelimit::shed::Priority;
-
-/// One process-wide recorder; tests tell their series apart by limiter name.
-pub fn snapshotter() -> &'static Snapshotter {
-    static S: OnceLock<Snapshotter> = OnceLock::new();
-    S.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let s = recorder.snapshotter();
-        recorder
-            .install()
-            .expect("no other recorder in this test binary");
-        s
-    })
-}
-
-/// Polls `cond` until it holds; panics after `within`.
-pub async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
 
 /// The class a request's `x-priority` header names (normal without one).
 pub fn by_header(parts: &http::request::Parts) -> Priority {
