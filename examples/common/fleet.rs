@@ -14,7 +14,7 @@ use std::time::Duration;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_ratelimit::clock::ManualClock;
 use tower_ratelimit::key::Header;
-use tower_ratelimit::store::Coordinated;
+use tower_ratelimit::store::{Coordinated, CoordinatedBuilder};
 use tower_ratelimit::{Quota, RateLimitLayer, RateLimitLayerBuilder};
 
 /// How the balancer picks an instance for each request.
@@ -43,6 +43,27 @@ pub fn instance(name: &str, limit: u64, clock: &ManualClock) -> RateLimitLayerBu
         .quota(Quota::new(limit, Duration::from_secs(1)).unwrap())
         .key(Header::try_new(KEY_HEADER).unwrap())
         .clock(clock.clone())
+}
+
+/// An [`instance`] whose store is the coordinated one `coordinated` builds,
+/// on `clock` and synced by hand: a layer and its store, for [`Fleet::new`].
+#[allow(dead_code)]
+pub fn coordinated(
+    name: &str,
+    limit: u64,
+    clock: &ManualClock,
+    coordinated: CoordinatedBuilder,
+) -> (RateLimitLayer, Option<Coordinated>) {
+    let store = coordinated
+        .clock(clock.clone())
+        .manual_sync()
+        .build()
+        .unwrap();
+    let layer = instance(name, limit, clock)
+        .store(store.clone())
+        .build()
+        .unwrap();
+    (layer, Some(store))
 }
 
 pub struct Fleet {

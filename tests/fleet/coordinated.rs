@@ -13,8 +13,8 @@ use std::time::Duration;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::Constant;
-use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{Coordinated, Quota, RateLimitLayer};
+use tower_ratelimit::store::{Coordinated, RedisStore};
+use tower_ratelimit::{Quota, RateLimitLayer};
 
 const INSTANCES: usize = 4;
 const LIMIT: u64 = 100; // per second, fleet-wide
@@ -23,6 +23,7 @@ const INTERVAL: Duration = Duration::from_secs(1);
 
 struct Fleet {
     layers: Vec<RateLimitLayer>,
+    stores: Vec<Coordinated>,
     clock: ManualClock,
     next: usize,
 }
@@ -30,28 +31,33 @@ struct Fleet {
 impl Fleet {
     fn new(server: &RedisServer, shadow: bool) -> Self {
         let clock = ManualClock::new(SystemClock.now_ms());
-        let layers = (0..INSTANCES)
+        let (layers, stores) = (0..INSTANCES)
             .map(|i| {
                 // Each instance has its own connections, as separate processes would.
                 let store = RedisStore::new(server.url()).unwrap();
-                let coordinated = Coordinated::new(store)
+                let coordinated = Coordinated::builder(store)
                     .sync_interval(INTERVAL)
                     .sync_timeout(Duration::from_millis(100))
+                    .clock(clock.clone())
                     .manual_sync()
-                    .seed(1 + i as u64);
-                RateLimitLayer::builder()
+                    .seed(1 + i as u64)
+                    .build()
+                    .unwrap();
+                let layer = RateLimitLayer::builder()
                     .name("fleet")
                     .quota(Quota::new(LIMIT, Duration::from_secs(1)).unwrap())
                     .key(Constant::new("api"))
-                    .coordinated(coordinated)
+                    .store(coordinated.clone())
                     .clock(clock.clone())
                     .shadow(shadow)
                     .build()
-                    .unwrap()
+                    .unwrap();
+                (layer, coordinated)
             })
-            .collect();
+            .unzip();
         Self {
             layers,
+            stores,
             clock,
             next: 0,
         }
@@ -89,8 +95,8 @@ impl Fleet {
         }
         self.clock
             .advance(Duration::from_millis(start + step - self.clock.now_ms()));
-        for layer in &self.layers {
-            let _ = layer.sync_now().await;
+        for store in &self.stores {
+            let _ = store.sync_now(self.clock.now_ms()).await;
         }
         (admitted, rejection)
     }
@@ -167,9 +173,10 @@ fn allowed_and_failed_open(metrics: &Snapshotter) -> (u64, u64) {
     counts
 }
 
-/// A stale key is admitted without limit: each such request counts as a
-/// fail-open decision (not as allowed), with a warning that names the
-/// limiter and not the key.
+/// A stale key is a store failure, which the failure policy (fail open by
+/// default) answers: each such request counts as a fail-open decision (not
+/// as allowed), logged as a store failure that names the limiter and not
+/// the key.
 #[tokio::test]
 async fn a_frozen_redis_fails_open_after_the_staleness_bound_and_limiting_returns_two_syncs_after_it_does(
 ) {
@@ -222,7 +229,7 @@ async fn a_frozen_redis_fails_open_after_the_staleness_bound_and_limiting_return
     );
     let warned = logs.text();
     assert!(
-        warned.contains("WARN")
+        warned.contains("rate limit store failed")
             && warned.contains("staleness bound")
             && warned.contains("limiter=fleet"),
         "{warned}"
@@ -341,9 +348,12 @@ async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refu
     let server = RedisServer::start();
     let clock = ManualClock::new(SystemClock.now_ms());
     let coordinated = || {
-        Coordinated::new(RedisStore::new(server.url()).unwrap())
+        Coordinated::builder(RedisStore::new(server.url()).unwrap())
             .sync_interval(INTERVAL)
+            .clock(clock.clone())
             .manual_sync()
+            .build()
+            .unwrap()
     };
     let second = Quota::new(100, Duration::from_secs(1))
         .unwrap()
@@ -361,7 +371,7 @@ async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refu
                 .unwrap(),
         )
         .key(Constant::new("api"))
-        .coordinated(coordinated())
+        .store(coordinated())
         .clock(clock.clone())
         .headers(tower_ratelimit::HeaderStyle::Ietf)
         .build()
@@ -386,7 +396,7 @@ async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refu
         .unwrap();
     let err = RateLimitLayer::builder()
         .policy(tower_ratelimit::Policy::new(second).and(tokens).unwrap())
-        .coordinated(coordinated())
+        .store(coordinated())
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("counts requests"), "{err}");

@@ -11,8 +11,9 @@ use redis_support::{require_redis, RedisServer};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::Key;
-use tower_ratelimit::store::{Namespace, RedisStore, ShardedStore};
-use tower_ratelimit::{Coordinated, Quota, RateLimitLayer};
+use tower_ratelimit::store::{
+    Coordinated, CoordinatedBuilder, Namespace, RedisStore, ShardedStore,
+};
 
 const NAME: &str = "spread";
 const INSTANCES: usize = 2;
@@ -21,23 +22,22 @@ const KEYS: usize = 12;
 const LIMIT: u64 = 20;
 const OFFERED: u64 = 30;
 
-fn fleet(coordinated: impl Fn() -> Coordinated) -> Fleet {
+fn fleet(coordinated: impl Fn() -> CoordinatedBuilder) -> Fleet {
     let clock = ManualClock::new(SystemClock.now_ms() / 1000 * 1000);
-    let layers = (0..INSTANCES)
+    let instances = (0..INSTANCES)
         .map(|i| {
-            fleet::instance(NAME, LIMIT, &clock)
-                .coordinated(
-                    coordinated()
-                        .sync_timeout(Duration::from_millis(200))
-                        .manual_sync()
-                        .seed(i as u64 + 1),
-                )
-                .build()
-                .unwrap()
+            fleet::coordinated(
+                NAME,
+                LIMIT,
+                &clock,
+                coordinated()
+                    .sync_timeout(Duration::from_millis(200))
+                    .seed(i as u64 + 1),
+            )
         })
         .collect();
     Fleet::new(
-        layers,
+        instances,
         clock,
         Duration::from_secs(1),
         KEYS,
@@ -72,16 +72,12 @@ fn check(fleet: &Fleet, admitted: &[u64], down: impl Fn(&str) -> bool) {
 }
 
 #[test]
-fn a_sharded_store_with_a_shard_that_is_not_redis_is_refused_when_the_layer_is_built() {
+fn a_sharded_store_with_a_shard_that_is_not_redis_is_refused_when_the_coordinated_store_is_built() {
     let sharded = ShardedStore::builder()
         .named_shard("local", tower_ratelimit::store::MemoryStore::new())
         .build()
         .unwrap();
-    let err = RateLimitLayer::builder()
-        .quota(Quota::new(LIMIT, Duration::from_secs(1)).unwrap())
-        .coordinated(Coordinated::sharded(sharded))
-        .build()
-        .unwrap_err();
+    let err = Coordinated::sharded(sharded).build().unwrap_err();
     assert!(err.to_string().contains("must be a Redis store"), "{err}");
 }
 
@@ -161,7 +157,7 @@ async fn cluster_counters_hold_every_node_s_keys_and_a_dead_master_fails_open_on
             .build()
             .unwrap()
     };
-    let mut fleet = fleet(|| Coordinated::new(store()));
+    let mut fleet = fleet(|| Coordinated::builder(store()));
     let admitted = settle(&mut fleet, 6).await;
     check(&fleet, &admitted, |_| false);
     // Every command went to the node serving its key's slot.

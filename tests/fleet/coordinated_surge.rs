@@ -10,8 +10,7 @@ use fleet::{Balancer, Fleet, Run};
 use redis_support::{require_redis, RedisServer};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
-use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::Coordinated;
+use tower_ratelimit::store::{Coordinated, RedisStore};
 
 /// `n` coordinated instances on `server`, limit `limit`/s per key.
 fn fleet(
@@ -25,21 +24,20 @@ fn fleet(
 ) -> Fleet {
     let clock = ManualClock::new(start_ms);
     let name = format!("surge-{start_ms}");
-    let layers = (0..n)
+    let instances = (0..n)
         .map(|i| {
-            fleet::instance(&name, limit, &clock)
-                .coordinated(
-                    Coordinated::new(RedisStore::new(server.url()).unwrap())
-                        .sync_interval(interval)
-                        .sync_timeout(Duration::from_secs(1))
-                        .manual_sync()
-                        .seed(i as u64 + 1),
-                )
-                .build()
-                .unwrap()
+            fleet::coordinated(
+                &name,
+                limit,
+                &clock,
+                Coordinated::builder(RedisStore::new(server.url()).unwrap())
+                    .sync_interval(interval)
+                    .sync_timeout(Duration::from_secs(1))
+                    .seed(i as u64 + 1),
+            )
         })
         .collect();
-    Fleet::new(layers, clock, interval, keys, balancer)
+    Fleet::new(instances, clock, interval, keys, balancer)
 }
 
 /// The surge profile, limit 200/s on 4 instances (1 s sync): 6 s at the

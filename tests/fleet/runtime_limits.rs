@@ -185,12 +185,14 @@ async fn a_bad_change_is_refused_whole_and_changes_nothing() {
 
 #[tokio::test]
 async fn the_coordinated_mode_refuses_a_runtime_quota_in_another_unit() {
-    use tower_ratelimit::{store::RedisStore, Coordinated};
+    use tower_ratelimit::store::{Coordinated, RedisStore};
+    let store = Coordinated::builder(RedisStore::new("redis://127.0.0.1:1").unwrap())
+        .manual_sync()
+        .build()
+        .unwrap();
     let layer = RateLimitLayer::builder()
         .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
-        .coordinated(
-            Coordinated::new(RedisStore::new("redis://127.0.0.1:1").unwrap()).manual_sync(),
-        )
+        .store(store)
         .build()
         .unwrap();
     let tokens = policy("1000/1m unit=tokens");

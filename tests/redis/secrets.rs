@@ -10,8 +10,8 @@ use std::time::Duration;
 use tower_ratelimit::clock::{Clock, SystemClock};
 use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::key::Key;
-use tower_ratelimit::store::{Charge, Namespace, RedisStore, ShardedStore, Store};
-use tower_ratelimit::{Coordinated, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::store::{Charge, Coordinated, Namespace, RedisStore, ShardedStore, Store};
+use tower_ratelimit::{Policy, Quota, RateLimitLayer};
 
 const SECRET: &str = "pa55-w0rd-xyz";
 
@@ -67,8 +67,9 @@ fn no_type_or_error_that_holds_a_redis_url_shows_its_password() {
         let sharded = ShardedStore::builder().shard(store.clone());
         clean("ShardedStoreBuilder", format!("{sharded:?}"));
         clean("ShardedStore", format!("{:?}", sharded.build().unwrap()));
-        let coordinated = Coordinated::new(store.clone());
-        clean("Coordinated", format!("{coordinated:?}"));
+        let coordinated = Coordinated::builder(store.clone()).manual_sync();
+        clean("CoordinatedBuilder", format!("{coordinated:?}"));
+        clean("Coordinated", format!("{:?}", coordinated.build().unwrap()));
         let layer = RateLimitLayer::builder()
             .quota(quota.clone())
             .store(store.clone())
