@@ -36,7 +36,7 @@ use tower::{Layer, Service};
 use tower_ratelimit::clock::ManualClock;
 use tower_ratelimit::key::{Global, Key};
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Store};
-use tower_ratelimit::{Algorithm, HeaderStyle, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::{headers::HeaderStyle, Algorithm, Policy, Quota, RateLimitLayer};
 
 const MANY_KEYS: u64 = 100_000;
 
@@ -127,7 +127,7 @@ fn store_benches(c: &mut Criterion) {
         Algorithm::SlidingLog,
     ] {
         let limit = if alg == Algorithm::SlidingLog {
-            tower_ratelimit::quota::MAX_SLIDING_LOG_LIMIT
+            tower_ratelimit::Quota::MAX_SLIDING_LOG_LIMIT
         } else {
             1 << 40
         };

@@ -41,7 +41,7 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::PeerIpKeyExtractor;
 use tower_ratelimit::key::PeerIp;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{DenyCache, HeaderStyle, Quota, RateLimitLayer};
+use tower_ratelimit::{headers::HeaderStyle, rate::DenyCache, Quota, RateLimitLayer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {

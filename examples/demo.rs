@@ -71,12 +71,13 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::rate::{Advisor, Limits, LimitsError, SharedLimits};
-use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
 use tower_ratelimit::store::{Coordinated, RedisStore, RedisStoreBuilder, ShardedStore, Store};
+use tower_ratelimit::ConcurrencyLimitLayer;
+use tower_ratelimit::{adaptive::Adaptive, shed::Priority, LoadShedLayer};
 use tower_ratelimit::{
-    Algorithm, DenyCache, HeaderStyle, OnStoreError, Policy, Quota, RateLimitLayer,
+    failure::OnStoreError, headers::HeaderStyle, rate::DenyCache, Algorithm, Policy, Quota,
+    RateLimitLayer,
 };
 
 #[derive(Parser, Debug)]

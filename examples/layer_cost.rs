@@ -24,7 +24,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tower::{Layer, Service};
 use tower_ratelimit::key::Global;
-use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
+use tower_ratelimit::{headers::HeaderStyle, Quota, RateLimitLayer};
 
 /// Answers at once with one header, as axum does for a `&'static str`.
 #[derive(Clone)]

@@ -29,7 +29,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tower_ratelimit::key::ApiKey;
-use tower_ratelimit::{HeaderStyle, Policy, Quota, RateLimitLayer, Usage};
+use tower_ratelimit::{headers::HeaderStyle, rate::Usage, Policy, Quota, RateLimitLayer};
 
 #[derive(Parser, Debug)]
 struct Args {

@@ -37,9 +37,9 @@ use plotters::prelude::*;
 use redis_support::{Cluster, RedisServer};
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
+use tower_ratelimit::rate::DenyCache;
 use tower_ratelimit::store::Coordinated;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::DenyCache;
 
 #[derive(Parser, Debug)]
 #[command(about = "Simulate a fleet under each rate limiter mode")]

@@ -1,22 +1,22 @@
 //! A limit on requests in flight that finds itself: [`Adaptive`], the
 //! estimator that moves it with the latency of the requests it lets
-//! through, and the [`AdaptiveLimit`] the load shedder and the concurrency
+//! through, and the limit the load shedder and the concurrency
 //! limiter share between requests.
 //!
 //! In numbers: a sample slower than the least latency means
 //! `limit × (1 − least / latency)` requests are queued. While that queue is
 //! short the limit grows; while it is long it shrinks; in between it holds.
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 /// A limit on requests in flight found from the latency of the requests it
 /// lets through instead of set by hand, within bounds: the load shedder's
-/// capacity ([`LoadShedLayerBuilder::adaptive`](crate::shed::LoadShedLayerBuilder::adaptive))
+/// capacity ([`LoadShedLayerBuilder::adaptive`](crate::LoadShedLayerBuilder::adaptive))
 /// or the concurrency limiter's limit
-/// ([`ConcurrencyLimitLayerBuilder::adaptive`](crate::concurrency::ConcurrencyLimitLayerBuilder::adaptive)).
+/// ([`ConcurrencyLimitLayerBuilder::adaptive`](crate::ConcurrencyLimitLayerBuilder::adaptive)).
 ///
 /// The rule is TCP Vegas's, as Netflix's concurrency-limits applies it: the
 /// least latency seen is what a request costs without queueing, and a
@@ -27,7 +27,7 @@ use std::time::Duration;
 /// own requests.
 ///
 /// ```
-/// use tower_ratelimit::shed::{Adaptive, LoadShedLayer};
+/// use tower_ratelimit::{adaptive::Adaptive, LoadShedLayer};
 /// let layer = LoadShedLayer::builder()
 ///     .adaptive(Adaptive::new().initial(20).min(4).max(500))
 ///     .build()
@@ -52,7 +52,7 @@ impl Adaptive {
     /// Starts at 20 requests in flight, between 1 and 1,000.
     ///
     /// ```
-    /// use tower_ratelimit::shed::Adaptive;
+    /// use tower_ratelimit::adaptive::Adaptive;
     /// assert_eq!(Adaptive::new(), Adaptive::default());
     /// ```
     pub const fn new() -> Self {
@@ -86,10 +86,13 @@ impl Adaptive {
         if 1 <= self.min && self.min <= self.initial && self.initial <= self.max {
             return Ok(());
         }
-        Err(ConfigError::new(format!(
+        Err(ConfigError::new(
+            ConfigErrorKind::Invalid,
+            format!(
             "an adaptive limit needs 1 <= min <= initial <= max, got min {}, initial {}, max {}",
             self.min, self.initial, self.max
-        )))
+        ),
+        ))
     }
 }
 

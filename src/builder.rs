@@ -7,7 +7,7 @@
 //! ```
 //! # use std::num::NonZeroU32;
 //! use std::time::Duration;
-//! use tower_ratelimit::{concurrency::ConcurrencyLimitLayer, OnStoreError, Quota, RateLimitLayer};
+//! use tower_ratelimit::{ConcurrencyLimitLayer, failure::OnStoreError, Quota, RateLimitLayer};
 //! let rate = RateLimitLayer::builder()
 //!     .name("api")
 //!     .store_timeout(Duration::from_millis(20))
@@ -23,7 +23,7 @@
 //! ```
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::failure::{CircuitBreaker, OnStoreError};
 use crate::headers::HeaderStyle;
 use crate::key::KeyError;
@@ -90,7 +90,7 @@ impl<K> Builder<K> {
     /// A name on a store belongs to one limiter: building a different one
     /// (another kind, another fixed policy or limit, or any policy chosen
     /// per request) with a name a live limiter holds on the same store
-    /// ([`Store::identity`](crate::store::Store::identity)) is refused, as
+    /// ([`Store::identity`]) is refused, as
     /// the two would count together. Clones of a layer share its limiter;
     /// the same limiter built again (a fleet's instances in one process)
     /// is allowed.
@@ -172,7 +172,7 @@ impl<K> Builder<K> {
     ///
     /// ```
     /// # use std::num::NonZeroU32;
-    /// use tower_ratelimit::{OnStoreError, Quota, RateLimitLayer};
+    /// use tower_ratelimit::{failure::OnStoreError, Quota, RateLimitLayer};
     /// let layer = RateLimitLayer::builder()
     ///     .quota(Quota::per_second(NonZeroU32::new(1).unwrap()))
     ///     .on_store_error(OnStoreError::FailClosed)
@@ -190,7 +190,7 @@ impl<K> Builder<K> {
     /// ```
     /// # use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// use tower_ratelimit::{CircuitBreaker, Quota, RateLimitLayer};
+    /// use tower_ratelimit::{failure::CircuitBreaker, Quota, RateLimitLayer};
     /// let layer = RateLimitLayer::builder()
     ///     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
     ///     .circuit_breaker(CircuitBreaker::new().failures(3).cooldown(Duration::from_millis(250)))
@@ -224,7 +224,7 @@ impl<K> Builder<K> {
     ///
     /// ```
     /// # use std::num::NonZeroU32;
-    /// use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
+    /// use tower_ratelimit::{headers::HeaderStyle, Quota, RateLimitLayer};
     /// let layer = RateLimitLayer::builder()
     ///     .quota(Quota::per_second(NonZeroU32::new(1).unwrap()))
     ///     .headers(HeaderStyle::Both)
@@ -237,7 +237,7 @@ impl<K> Builder<K> {
     }
 
     /// Replaces the answer to a request whose key cannot be extracted
-    /// (default [`default_key_error`](crate::default_key_error): 400 when the
+    /// (default [`default_key_error`](crate::key::default_key_error): 400 when the
     /// request lacks it, 500 when the application is misconfigured; see
     /// [`KeyError::kind`](crate::key::KeyError::kind)). gRPC calls are
     /// answered with a gRPC status instead: `INVALID_ARGUMENT` or `INTERNAL`.
@@ -268,7 +268,10 @@ impl Common {
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         check_name(&self.name)?;
         if self.store_timeout.is_zero() {
-            return Err(ConfigError::new("the store timeout must be above zero"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                "the store timeout must be above zero",
+            ));
         }
         self.on_store_error.check()?;
         Ok(())
@@ -292,9 +295,10 @@ fn check_name(name: &str) -> Result<(), ConfigError> {
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::new(format!(
-            "limiter name {name:?} must be 1 to 64 characters of [A-Za-z0-9_.-]"
-        )))
+        Err(ConfigError::new(
+            ConfigErrorKind::Invalid,
+            format!("limiter name {name:?} must be 1 to 64 characters of [A-Za-z0-9_.-]"),
+        ))
     }
 }
 

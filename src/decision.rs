@@ -1,7 +1,7 @@
 //! What a store answers: the decision and the state of every quota, from one read.
 //!
 //! ```
-//! use tower_ratelimit::{Decision, QuotaStatus};
+//! use tower_ratelimit::decision::{Decision, QuotaStatus};
 //! let hourly = QuotaStatus { limit: 100, remaining: 0, allowed: false, retry_after_ms: 1_500, ..QuotaStatus::default() };
 //! let d = Decision::from_statuses([hourly], 1);
 //! assert!(!d.is_allowed());

@@ -3,18 +3,59 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-/// A configuration problem, reported when the layer or store is built.
+/// A configuration problem, reported when a layer, store or quota is built
+/// (or a runtime limit is set): what is wrong, in words, and its
+/// [`kind`](Self::kind) for a program to match.
+///
+/// ```
+/// use tower_ratelimit::{ConfigErrorKind, Quota};
+/// let err = Quota::new(0, std::time::Duration::from_secs(1)).unwrap_err();
+/// assert_eq!(err.kind(), ConfigErrorKind::Quota);
+/// assert!(err.to_string().contains("at least 1"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid rate limit configuration: {message}")]
 pub struct ConfigError {
+    kind: ConfigErrorKind,
     message: Cow<'static, str>,
 }
 
+/// What kind of problem a [`ConfigError`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// A required setting is missing: no quota, no limit, no shard, no
+    /// seed node.
+    Missing,
+    /// A setting's value is outside what it accepts: a zero timeout, a
+    /// fraction above 1, a malformed name, one override too many.
+    Invalid,
+    /// A quota or policy cannot be built as given: its limit, window,
+    /// burst, name or unit, or too many quotas.
+    Quota,
+    /// The text form of a quota or policy could not be read.
+    Syntax,
+    /// Settings that do not go together, or a setting the store cannot
+    /// serve: a fixed and an adaptive limit, a limiter name taken by another
+    /// limiter, a quota in tokens on the coordinated store, a store that
+    /// keeps no slots under a concurrency limit.
+    Conflict,
+    /// A store's address or credentials cannot be used: a bad Redis URL,
+    /// TLS or Sentinel setting.
+    Store,
+}
+
 impl ConfigError {
-    pub(crate) fn new(message: impl Into<Cow<'static, str>>) -> Self {
+    pub(crate) fn new(kind: ConfigErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
         Self {
+            kind,
             message: message.into(),
         }
+    }
+
+    /// What kind of problem this is.
+    pub fn kind(&self) -> ConfigErrorKind {
+        self.kind
     }
 }
 

@@ -6,7 +6,7 @@
 //! ```
 //! # use std::num::NonZeroU32;
 //! use std::time::Duration;
-//! use tower_ratelimit::{CircuitBreaker, OnStoreError, Quota, RateLimitLayer};
+//! use tower_ratelimit::{failure::CircuitBreaker, failure::OnStoreError, Quota, RateLimitLayer};
 //! let layer = RateLimitLayer::builder()
 //!     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
 //!     .on_store_error(OnStoreError::Local { fraction: 0.25 })
@@ -55,9 +55,10 @@ impl OnStoreError {
     pub(crate) fn check(self) -> Result<Self, crate::ConfigError> {
         match self {
             OnStoreError::Local { fraction } if !(fraction > 0.0 && fraction <= 1.0) => {
-                Err(crate::ConfigError::new(format!(
-                    "OnStoreError::Local needs a fraction in (0, 1], got {fraction}"
-                )))
+                Err(crate::ConfigError::new(
+                    crate::ConfigErrorKind::Invalid,
+                    format!("OnStoreError::Local needs a fraction in (0, 1], got {fraction}"),
+                ))
             }
             ok => Ok(ok),
         }
@@ -79,7 +80,7 @@ impl OnStoreError {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_ratelimit::CircuitBreaker;
+/// use tower_ratelimit::failure::CircuitBreaker;
 /// let breaker = CircuitBreaker::new().failures(3).cooldown(Duration::from_millis(500));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

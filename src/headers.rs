@@ -9,7 +9,7 @@
 //! ```
 //! # use std::num::NonZeroU32;
 //! use tower::{Layer, ServiceExt};
-//! use tower_ratelimit::{HeaderStyle, Quota, RateLimitLayer};
+//! use tower_ratelimit::{headers::HeaderStyle, Quota, RateLimitLayer};
 //! let layer = RateLimitLayer::builder()
 //!     .quota(Quota::per_minute(NonZeroU32::new(60).unwrap()))
 //!     .headers(HeaderStyle::Ietf)
@@ -46,7 +46,7 @@
 //! IETF lists carry every limiter's policies.
 
 use crate::decision::Decision;
-use crate::quota::{Policy, Quota};
+use crate::{Policy, Quota};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use sfv::{key_ref, string_ref, Integer, ItemSerializer, ListSerializer, StringRef};
 use std::cell::RefCell;
@@ -380,7 +380,7 @@ fn append(headers: &mut HeaderMap, name: &'static HeaderName, value: HeaderValue
 }
 
 /// A structured-field integer; every number written here is within range
-/// (limits are at most [`MAX_LIMIT`](crate::quota::MAX_LIMIT)).
+/// (limits are at most [`Quota::MAX_LIMIT`](crate::Quota::MAX_LIMIT)).
 fn int(n: u64) -> Integer {
     Integer::try_from(n).unwrap_or(Integer::MAX)
 }
@@ -470,7 +470,7 @@ mod tests {
 
     #[test]
     fn the_largest_limit_is_a_valid_structured_field_integer() {
-        let max = crate::quota::MAX_LIMIT;
+        let max = crate::Quota::MAX_LIMIT;
         let policy = Policy::new(Quota::new(max, Duration::from_secs(60)).unwrap());
         let d = Decision::from_statuses([status(max, max - 1, 61_000, true, 0)], 1);
         let mut h = HeaderMap::new();
@@ -512,7 +512,7 @@ mod tests {
 
     #[test]
     fn ietf_fields_parse_as_structured_field_lists_whatever_the_names_and_numbers() {
-        let max = crate::quota::MAX_LIMIT;
+        let max = crate::Quota::MAX_LIMIT;
         let policy = and_hourly(
             Quota::new(max, Duration::from_secs(1))
                 .unwrap()

@@ -22,10 +22,10 @@
 //! | [`LoadShedLayer`] | [`shed`] | requests in flight per process, by priority |
 //!
 //! The shared modules: [`key`] (which client a request counts against),
-//! [`quota`] (how much), [`store`] (where state lives: [`MemoryStore`](store::MemoryStore)
+//! [`Quota`] and [`Policy`] (how much), [`store`] (where state lives: [`MemoryStore`](store::MemoryStore)
 //! per process, `RedisStore` for the fleet), [`headers`] (what responses
 //! say), [`clock`], [`failure`] (what a store failure does), [`metrics`] and
-//! [`grpc`]. The builders share their common options: [`Builder`].
+//! [`grpc`]. The builders share their common options: [`builder::Builder`].
 //!
 //! Cargo features:
 //!
@@ -47,14 +47,14 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod adaptive;
+pub mod adaptive;
 mod algorithm;
-mod body;
+pub mod body;
 mod bounded;
-mod builder;
+pub mod builder;
 pub mod clock;
 pub mod concurrency;
-mod decision;
+pub mod decision;
 mod error;
 pub mod failure;
 pub mod grpc;
@@ -65,27 +65,18 @@ pub mod metrics;
 mod names;
 mod periodic;
 mod problem;
-pub mod quota;
+mod quota;
 pub mod rate;
 pub mod shed;
 mod skew;
 mod slots;
 pub mod store;
 
-pub use body::{GuardedBody, ResponseBody};
-pub use builder::{Builder, DEFAULT_STORE_TIMEOUT};
-pub use concurrency::ConcurrencyLimitLayer;
-pub use decision::{Decision, QuotaStatus, RejectReason};
-pub use error::{ConfigError, StoreError};
-pub use failure::{CircuitBreaker, OnStoreError};
-pub use headers::HeaderStyle;
-pub use problem::default_key_error;
+pub use concurrency::layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
+pub use error::{ConfigError, ConfigErrorKind, StoreError};
 pub use quota::{Algorithm, Policy, Quota};
-pub use rate::{
-    default_rejection, BodyMode, DenyCache, Dropped, InnerBody, RateLimit, RateLimitLayer,
-    RateLimitLayerBuilder, Rejection, ResponseFuture, Status, StatusError, Usage, WrapBody,
-};
-pub use shed::LoadShedLayer;
+pub use rate::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use shed::layer::{LoadShedLayer, LoadShedLayerBuilder};
 
 // The README's examples are compiled and run as doc tests, so it stays true to the code.
 #[doc = include_str!("../README.md")]

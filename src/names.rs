@@ -10,7 +10,7 @@
 //! is chosen per request is different from every other: clone its layer
 //! instead of building it twice.
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -44,11 +44,14 @@ pub(crate) fn claim(
     match claims.get_mut(&slot) {
         Some((held, n)) if *held == what && !unique => *n += 1,
         Some((held, _)) => {
-            return Err(ConfigError::new(format!(
+            return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
+                format!(
                 "the limiter name `{name}` is taken on this store by another limiter ({held}); \
                  this one ({what}) would share its state: give each limiter its own name with \
                  .name(..), or clone one layer to use it in several places"
-            )))
+            ),
+            ))
         }
         None => {
             claims.insert(slot.clone(), (what, 1));

@@ -82,7 +82,7 @@ impl Problem<'_> {
 /// misconfigured ([`KeyErrorKind::Server`]).
 ///
 /// ```
-/// use tower_ratelimit::{default_key_error, key::KeyError};
+/// use tower_ratelimit::key::{default_key_error, KeyError};
 /// let res = default_key_error(&KeyError::client("api_key", "header `x-api-key` is missing"));
 /// assert_eq!(res.status(), 400);
 /// let res = default_key_error(&KeyError::server("peer_ip", "no ConnectInfo in the request"));

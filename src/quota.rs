@@ -1,191 +1,133 @@
-//! Quotas (how much, over how long, by which algorithm) and policies (the quotas
-//! one request is charged against).
-//!
-//! ```
-//! use std::num::NonZeroU32;
-//! use std::time::Duration;
-//! use tower_ratelimit::{Policy, Quota};
-//! let per_second = Quota::per_second(NonZeroU32::new(10).unwrap());
-//! let per_hour = Quota::new(1000, Duration::from_secs(3600)).unwrap();
-//! let policy = Policy::new(per_second).and(per_hour).unwrap();
-//! assert_eq!(policy.quotas().len(), 2);
-//! ```
-//!
-//! Each quota has its own [`Algorithm`]; one policy may mix them:
-//!
-//! ```
-//! # use std::num::NonZeroU32;
-//! use std::time::Duration;
-//! use tower_ratelimit::{Algorithm, Policy, Quota};
-//! let bursty = Quota::per_second(NonZeroU32::new(10).unwrap())
-//!     .with_algorithm(Algorithm::TokenBucket)?
-//!     .burst(50)?;
-//! let hourly = Quota::new(1_000, Duration::from_secs(3600))?.with_algorithm(Algorithm::SlidingLog)?;
-//! let policy = Policy::new(bursty).and(hourly)?;
-//! # Ok::<(), tower_ratelimit::ConfigError>(())
-//! ```
-//!
-//! # Algorithms
-//!
-//! | [`Algorithm`] | state per key and quota | strict | notes |
-//! |---|---|---|---|
-//! | `FixedWindow` (default) | count + stored reset | yes, per window | up to 2 × limit across a window boundary |
-//! | `TokenBucket` | level + time | yes | `burst` (default the limit); a full bucket after idle time allows a burst |
-//! | `Gcra` | one timestamp | yes | admits exactly what a token bucket of the same rate and burst admits |
-//! | `SlidingWindow` | 2 counts + window start | no (estimate) | constant state, smooth; undercounts traffic bunched at a window's end |
-//! | `SlidingLog` | one entry per charged ms | yes, every sliding window | limit capped at [`MAX_SLIDING_LOG_LIMIT`]; memory grows with traffic |
-//!
-//! Every algorithm is integer math on `now`, mirrored line for line by a Lua
-//! file for the Redis store, so both stores answer alike. Rates that do not
-//! divide their window (3 per second) are kept exactly, in units of
-//! `window / gcd(limit, window)`: no drift and no floating point. That needs
-//! `limit × window in ms ≤ 2^52` for the sliding window counter and
-//! `burst × window / gcd ≤ 2^52` for a token bucket or GCRA, checked when
-//! the quota is built.
-//!
-//! A cost above the limit (or burst) is never admitted and gets no
-//! `Retry-After`. A refund gives back exactly what its charge took, never
-//! more and never to newer state: a fixed window only to the window charged;
-//! a sliding window counter to the current or previous window; a sliding log
-//! removes the charge from its entry; a token bucket or GCRA gives the time
-//! back, capped at full, only while that charge is the bucket's last change
-//! (after another charge no stored number says how much of the older one has
-//! refilled, and giving it back anyway would hand out tokens twice).
-//!
-//! Fixed window:
-//!
-//! ```text
-//! limit 3 per 10 s; the window starts with the key's first request
-//! t=0s    o o o      3/3 used        Reset 10s (stored with the count)
-//! t=4s    x          rejected        Remaining 0, Retry-After 6s
-//! t=10s   o          new window      1/3 used, Reset 20s
-//! ```
-//!
-//! Token bucket (GCRA makes the same decisions with one number of state):
-//!
-//! ```text
-//! 4 per second, burst 4: one token every 250 ms, at most 4 held
-//! t=0ms     o o o o   4 -> 0 tokens     Remaining 0, Reset 1000ms (full again)
-//! t=100ms   x         0.4 tokens        Retry-After 150ms
-//! t=250ms   o         1 -> 0 tokens     Reset 1250ms
-//! idle 2s             refilled to 4     (never above the burst): a burst again
-//! ```
-//!
-//! GCRA:
-//!
-//! ```text
-//! emission interval T = window / limit = 250 ms; one theoretical arrival time (TAT)
-//! admit cost c at t  iff  max(TAT, t) + c*T - t <= burst*T;  then TAT = max(TAT, t) + c*T
-//! t=0ms     o o o o   TAT 0 -> 1000     Reset 1000ms (= TAT)
-//! t=100ms   x         1000 + 250 - 100 > 1000     Retry-After 150ms
-//! ```
-//!
-//! Sliding window counter:
-//!
-//! ```text
-//! 4 per 1 s, windows aligned to the epoch
-//!         |---- previous window: 3 ----|---- current window: 1 ----|
-//!                                      |<- 250 ms ->|  now
-//! estimate = 1 + 3 x (1000 - 250) / 1000 = 3.25      Remaining 0
-//! one more fits once 3 x (1 - e) <= 2, e >= 334 ms:  Retry-After 84ms
-//! ```
-//!
-//! It assumes the previous window's traffic was spread evenly. Against the
-//! exact sliding log (`tests/properties/sliding_window_error.rs`: 1,000 per
-//! minute, 40 windows of seeded traffic; `--nocapture` prints the numbers):
-//!
-//! | traffic | mean error of the estimate (share of the limit) | admissions the exact log would have rejected | busiest sliding window |
-//! |---|---|---|---|
-//! | steady (Poisson, 1.2 × the limit) | 0.46% | 16.4% | 101.5% of the limit |
-//! | bursty (100–600 within a second, then 1–41 s quiet) | 12.2% | 15.4% | 140% |
-//! | bunched (a full limit in a window's last 2 s, then steady) | 24.4% | 49.3% | 196% |
-//!
-//! Use the sliding log or a token bucket where traffic bunched at a window's
-//! end must not pass.
-//!
-//! Sliding log:
-//!
-//! ```text
-//! 3 per 1 s; every charge is logged with its time (charges in one ms share an entry)
-//! t=0     o (1)      log [0:1]              Remaining 2
-//! t=400   o (2)      log [0:1, 400:2]       Remaining 0, Reset 1400 (newest + window)
-//! t=999   x          the entry at 0 slides out at 1000       Retry-After 1ms
-//! t=1000  x (2)      only 1 unit is free until 1400          Retry-After 400ms
-//! ```
-//!
-//! Exact over every sliding window, at a memory cost: up to
-//! `min(limit, window in ms)` entries per key, about 16 bytes each in the
-//! memory store and 60–100 in Redis (a sorted set), hence the cap.
-//!
-//! # Changing a client's policy
-//!
-//! State is kept per client key, algorithm and window, not per policy: a
-//! client moved to a quota of the same algorithm and window keeps what it
-//! has spent. That is exact for the fixed window, sliding window and sliding
-//! log. A token bucket or GCRA stores its level in units of its own rate, so
-//! after a rate change the level is approximate until the bucket refills.
-//!
-//! # Text form
-//!
-//! Quotas and policies parse from text (`FromStr`) and print back to it
-//! (`Display`), for configuration files, admin interfaces and runtime
-//! overrides.
-//!
-//! A quota is `LIMIT/WINDOW`, then any of: its algorithm
-//! (`fixed-window`, `token-bucket`, `sliding-window`, `gcra`,
-//! `sliding-log`), `burst=N`, `unit=U`, `name=N` and `must-fit`, separated
-//! by spaces. A window is a whole number of `ms`, `s`, `m`, `h` or `d`. A
-//! name or unit with a space, comma, `=` or quote is written as a quoted
-//! string (`name="free tier"`, with `\"` and `\\` inside). A policy is its
-//! quotas separated by commas.
-//!
-//! ```
-//! use tower_ratelimit::{Algorithm, Policy, Quota};
-//! let q: Quota = "10/1s gcra burst=50".parse()?;
-//! assert_eq!((q.limit(), q.window_ms(), q.algorithm(), q.burst_size()), (10, 1_000, Algorithm::Gcra, 50));
-//! let p: Policy = "10/1s, 1000/1h sliding-log".parse()?;
-//! assert_eq!(p.to_string(), "10/1s, 1000/1h sliding-log");
-//! assert!("10 per second".parse::<Quota>().is_err());
-//! # Ok::<(), tower_ratelimit::ConfigError>(())
-//! ```
+//! Quotas (how much, over how long, by which algorithm) and policies (the
+//! quotas one request is charged against): [`Quota`], [`Policy`], [`Algorithm`].
 
 mod text;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use std::borrow::Cow;
 use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The most quotas one policy may hold (each is charged in the same atomic call).
-pub const MAX_QUOTAS: usize = 8;
+pub(crate) const MAX_QUOTAS: usize = 8;
 
 /// The longest window a quota may have (one year): windows are kept in milliseconds.
-pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The largest limit or burst a quota accepts: the largest integer an IETF
 /// `RateLimit` header can carry (a structured-field integer has at most 15
 /// digits), and well inside what the Redis scripts compute exactly (Lua
 /// numbers are doubles, exact up to 2^53).
-pub const MAX_LIMIT: u64 = 999_999_999_999_999;
+pub(crate) const MAX_LIMIT: u64 = 999_999_999_999_999;
 
 /// The largest number the decision math handles: every value the Lua scripts
 /// compute stays below it, exact in a double.
 pub(crate) const EXACT: u64 = 1 << 52;
 
 /// The most bytes in a quota's name.
-pub const MAX_NAME_LEN: usize = 64;
+pub(crate) const MAX_NAME_LEN: usize = 64;
 
 /// The largest limit a [`Algorithm::SlidingLog`] quota accepts: the log keeps
 /// one entry per millisecond with a charge, so a key holds at most
 /// `min(limit, window in ms)` entries (about 40 bytes each in memory, about
 /// 100 in Redis).
-pub const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
+pub(crate) const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
 
 /// The decision rule a quota is enforced with. Every algorithm reports the
 /// same header meanings: `remaining` is what can be spent now, `reset` when
 /// the quota is fully available again, `retry-after` when a rejected request
 /// would be admitted.
+///
+/// | algorithm | state per key and quota | strict | notes |
+/// |---|---|---|---|
+/// | `FixedWindow` (default) | count + stored reset | yes, per window | up to 2 × limit across a window boundary |
+/// | `TokenBucket` | level + time | yes | `burst` (default the limit); a full bucket after idle time allows a burst |
+/// | `Gcra` | one timestamp | yes | admits exactly what a token bucket of the same rate and burst admits |
+/// | `SlidingWindow` | 2 counts + window start | no (estimate) | constant state, smooth; undercounts traffic bunched at a window's end |
+/// | `SlidingLog` | one entry per charged ms | yes, every sliding window | limit capped at [`Quota::MAX_SLIDING_LOG_LIMIT`](crate::Quota::MAX_SLIDING_LOG_LIMIT); memory grows with traffic |
+///
+/// Every algorithm is integer math on `now`, mirrored line for line by a Lua
+/// file for the Redis store, so both stores answer alike. Rates that do not
+/// divide their window (3 per second) are kept exactly, in units of
+/// `window / gcd(limit, window)`: no drift and no floating point. That needs
+/// `limit × window in ms ≤ 2^52` for the sliding window counter and
+/// `burst × window / gcd ≤ 2^52` for a token bucket or GCRA, checked when
+/// the quota is built.
+///
+/// A cost above the limit (or burst) is never admitted and gets no
+/// `Retry-After`. A refund gives back exactly what its charge took, never
+/// more and never to newer state: a fixed window only to the window charged;
+/// a sliding window counter to the current or previous window; a sliding log
+/// removes the charge from its entry; a token bucket or GCRA gives the time
+/// back, capped at full, only while that charge is the bucket's last change
+/// (after another charge no stored number says how much of the older one has
+/// refilled, and giving it back anyway would hand out tokens twice).
+///
+/// Fixed window:
+///
+/// ```text
+/// limit 3 per 10 s; the window starts with the key's first request
+/// t=0s    o o o      3/3 used        Reset 10s (stored with the count)
+/// t=4s    x          rejected        Remaining 0, Retry-After 6s
+/// t=10s   o          new window      1/3 used, Reset 20s
+/// ```
+///
+/// Token bucket (GCRA makes the same decisions with one number of state):
+///
+/// ```text
+/// 4 per second, burst 4: one token every 250 ms, at most 4 held
+/// t=0ms     o o o o   4 -> 0 tokens     Remaining 0, Reset 1000ms (full again)
+/// t=100ms   x         0.4 tokens        Retry-After 150ms
+/// t=250ms   o         1 -> 0 tokens     Reset 1250ms
+/// idle 2s             refilled to 4     (never above the burst): a burst again
+/// ```
+///
+/// GCRA:
+///
+/// ```text
+/// emission interval T = window / limit = 250 ms; one theoretical arrival time (TAT)
+/// admit cost c at t  iff  max(TAT, t) + c*T - t <= burst*T;  then TAT = max(TAT, t) + c*T
+/// t=0ms     o o o o   TAT 0 -> 1000     Reset 1000ms (= TAT)
+/// t=100ms   x         1000 + 250 - 100 > 1000     Retry-After 150ms
+/// ```
+///
+/// Sliding window counter:
+///
+/// ```text
+/// 4 per 1 s, windows aligned to the epoch
+///         |---- previous window: 3 ----|---- current window: 1 ----|
+///                                      |<- 250 ms ->|  now
+/// estimate = 1 + 3 x (1000 - 250) / 1000 = 3.25      Remaining 0
+/// one more fits once 3 x (1 - e) <= 2, e >= 334 ms:  Retry-After 84ms
+/// ```
+///
+/// It assumes the previous window's traffic was spread evenly. Against the
+/// exact sliding log (`tests/properties/sliding_window_error.rs`: 1,000 per
+/// minute, 40 windows of seeded traffic; `--nocapture` prints the numbers):
+///
+/// | traffic | mean error of the estimate (share of the limit) | admissions the exact log would have rejected | busiest sliding window |
+/// |---|---|---|---|
+/// | steady (Poisson, 1.2 × the limit) | 0.46% | 16.4% | 101.5% of the limit |
+/// | bursty (100–600 within a second, then 1–41 s quiet) | 12.2% | 15.4% | 140% |
+/// | bunched (a full limit in a window's last 2 s, then steady) | 24.4% | 49.3% | 196% |
+///
+/// Use the sliding log or a token bucket where traffic bunched at a window's
+/// end must not pass.
+///
+/// Sliding log:
+///
+/// ```text
+/// 3 per 1 s; every charge is logged with its time (charges in one ms share an entry)
+/// t=0     o (1)      log [0:1]              Remaining 2
+/// t=400   o (2)      log [0:1, 400:2]       Remaining 0, Reset 1400 (newest + window)
+/// t=999   x          the entry at 0 slides out at 1000       Retry-After 1ms
+/// t=1000  x (2)      only 1 unit is free until 1400          Retry-After 400ms
+/// ```
+///
+/// Exact over every sliding window, at a memory cost: up to
+/// `min(limit, window in ms)` entries per key, about 16 bytes each in the
+/// memory store and 60–100 in Redis (a sorted set), hence the cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -211,7 +153,7 @@ pub enum Algorithm {
     Gcra,
     /// Sliding log: exact over every sliding window of `window`, at the cost
     /// of one entry per millisecond with a charge; `limit` is capped at
-    /// [`MAX_SLIDING_LOG_LIMIT`]. Strict.
+    /// [`Quota::MAX_SLIDING_LOG_LIMIT`](crate::Quota::MAX_SLIDING_LOG_LIMIT). Strict.
     SlidingLog,
 }
 
@@ -254,6 +196,31 @@ impl Algorithm {
 }
 
 /// One limit: `limit` units of cost per `window`, enforced by an [`Algorithm`].
+/// A [`Policy`] holds the quotas one request is charged against.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use tower_ratelimit::{Policy, Quota};
+/// let per_second = Quota::per_second(NonZeroU32::new(10).unwrap());
+/// let per_hour = Quota::new(1000, Duration::from_secs(3600)).unwrap();
+/// let policy = Policy::new(per_second).and(per_hour).unwrap();
+/// assert_eq!(policy.quotas().len(), 2);
+/// ```
+///
+/// Each quota has its own [`Algorithm`]; one policy may mix them:
+///
+/// ```
+/// # use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use tower_ratelimit::{Algorithm, Policy, Quota};
+/// let bursty = Quota::per_second(NonZeroU32::new(10).unwrap())
+///     .with_algorithm(Algorithm::TokenBucket)?
+///     .burst(50)?;
+/// let hourly = Quota::new(1_000, Duration::from_secs(3600))?.with_algorithm(Algorithm::SlidingLog)?;
+/// let policy = Policy::new(bursty).and(hourly)?;
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: u64,
@@ -273,6 +240,22 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// The largest limit or burst a quota accepts: the largest integer an
+    /// IETF `RateLimit` header can carry (a structured-field integer has at
+    /// most 15 digits), and well inside what the Redis scripts compute
+    /// exactly (Lua numbers are doubles, exact up to 2^53).
+    pub const MAX_LIMIT: u64 = MAX_LIMIT;
+    /// The longest window a quota may have (one year): windows are kept in
+    /// milliseconds.
+    pub const MAX_WINDOW: Duration = MAX_WINDOW;
+    /// The most bytes in a quota's name or unit.
+    pub const MAX_NAME_LEN: usize = MAX_NAME_LEN;
+    /// The largest limit a [`Algorithm::SlidingLog`] quota accepts: the log
+    /// keeps one entry per millisecond with a charge, so a key holds at most
+    /// `min(limit, window in ms)` entries (about 40 bytes each in memory,
+    /// about 100 in Redis).
+    pub const MAX_SLIDING_LOG_LIMIT: u64 = MAX_SLIDING_LOG_LIMIT;
+
     /// `limit` per second.
     pub const fn per_second(limit: NonZeroU32) -> Self {
         Self::from_parts(limit.get() as u64, 1_000)
@@ -288,8 +271,8 @@ impl Quota {
         Self::from_parts(limit.get() as u64, 3_600_000)
     }
 
-    /// `limit` per `window`; errors if `limit` is not within 1 ..= [`MAX_LIMIT`]
-    /// or `window` is not within 1 ms ..= [`MAX_WINDOW`].
+    /// `limit` per `window`; errors if `limit` is not within 1 ..= [`Quota::MAX_LIMIT`](crate::Quota::MAX_LIMIT)
+    /// or `window` is not within 1 ms ..= [`Quota::MAX_WINDOW`](crate::Quota::MAX_WINDOW).
     ///
     /// ```
     /// use std::time::Duration;
@@ -300,17 +283,22 @@ impl Quota {
     /// ```
     pub fn new(limit: u64, window: Duration) -> Result<Self, ConfigError> {
         if limit == 0 {
-            return Err(ConfigError::new("a quota's limit must be at least 1"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Quota,
+                "a quota's limit must be at least 1",
+            ));
         }
         if limit > MAX_LIMIT {
-            return Err(ConfigError::new(format!(
-                "a quota's limit must be at most {MAX_LIMIT}, got {limit}"
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Quota,
+                format!("a quota's limit must be at most {MAX_LIMIT}, got {limit}"),
+            ));
         }
         if window < Duration::from_millis(1) || window > MAX_WINDOW {
-            return Err(ConfigError::new(format!(
-                "a quota's window must be between 1ms and 366 days, got {window:?}"
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Quota,
+                format!("a quota's window must be between 1ms and 366 days, got {window:?}"),
+            ));
         }
         Ok(Self::from_parts(limit, window.as_millis() as u64))
     }
@@ -330,7 +318,7 @@ impl Quota {
     }
 
     /// Names the quota (the IETF `RateLimit-Policy` name); defaults to its
-    /// window, e.g. `"60s"`. Errors unless the name is 1 to [`MAX_NAME_LEN`]
+    /// window, e.g. `"60s"`. Errors unless the name is 1 to [`Quota::MAX_NAME_LEN`](crate::Quota::MAX_NAME_LEN)
     /// printable ASCII characters, which a structured-field string can carry.
     ///
     /// ```
@@ -415,7 +403,7 @@ impl Quota {
     }
 
     /// Sets the algorithm (default [`Algorithm::FixedWindow`]). Errors when the
-    /// quota does not suit it: a sliding log above [`MAX_SLIDING_LOG_LIMIT`],
+    /// quota does not suit it: a sliding log above [`Quota::MAX_SLIDING_LOG_LIMIT`](crate::Quota::MAX_SLIDING_LOG_LIMIT),
     /// a burst set on an algorithm without one, or a limit × window too large
     /// for exact arithmetic (see [`Quota::burst`]).
     ///
@@ -454,7 +442,10 @@ impl Quota {
     /// ```
     pub fn burst(mut self, burst: u64) -> Result<Self, ConfigError> {
         if burst == 0 {
-            return Err(ConfigError::new("a quota's burst must be at least 1"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Quota,
+                "a quota's burst must be at least 1",
+            ));
         }
         self.burst = Some(burst);
         self.check()?;
@@ -472,7 +463,7 @@ impl Quota {
     fn check(&self) -> Result<(), ConfigError> {
         let a = self.algorithm;
         if self.burst.is_some() && !a.has_burst() {
-            return Err(ConfigError::new(format!(
+            return Err(ConfigError::new(ConfigErrorKind::Quota, format!(
                 "a burst applies to token bucket and GCRA quotas, not {a:?}; call .with_algorithm() before .burst()"
             )));
         }
@@ -481,7 +472,7 @@ impl Quota {
             Algorithm::TokenBucket | Algorithm::Gcra => {
                 let burst = self.burst_size();
                 if burst > MAX_LIMIT || Rate::of(self.limit, self.window_ms, burst).is_none() {
-                    return Err(ConfigError::new(format!(
+                    return Err(ConfigError::new(ConfigErrorKind::Quota, format!(
                         "a {a:?} quota of {} per {} with burst {burst} is too large for exact arithmetic (burst x window ms / gcd(limit, window ms) must be at most 2^52); lower the burst or the window",
                         self.limit,
                         format_window(self.window_ms)
@@ -491,7 +482,7 @@ impl Quota {
             }
             Algorithm::SlidingWindow => {
                 if self.limit.saturating_mul(self.window_ms) > EXACT {
-                    return Err(ConfigError::new(format!(
+                    return Err(ConfigError::new(ConfigErrorKind::Quota, format!(
                         "a sliding window quota needs limit x window ms <= 2^52 for exact arithmetic; {} per {} is too large",
                         self.limit,
                         format_window(self.window_ms)
@@ -501,7 +492,7 @@ impl Quota {
             }
             Algorithm::SlidingLog => {
                 if self.limit > MAX_SLIDING_LOG_LIMIT {
-                    return Err(ConfigError::new(format!(
+                    return Err(ConfigError::new(ConfigErrorKind::Quota, format!(
                         "a sliding log keeps one entry per charged millisecond, so its limit is capped at {MAX_SLIDING_LOG_LIMIT}; got {} (use the sliding window counter or a token bucket for larger limits)",
                         self.limit
                     )));
@@ -568,17 +559,20 @@ impl Quota {
 }
 
 /// `value` if it can be a structured-field string of at most
-/// [`MAX_NAME_LEN`] characters: what a quota's `what` (its name, its unit)
+/// [`Quota::MAX_NAME_LEN`](crate::Quota::MAX_NAME_LEN) characters: what a quota's `what` (its name, its unit)
 /// must be for the IETF fields to carry it.
 fn sf_string(what: &str, value: Cow<'static, str>) -> Result<Cow<'static, str>, ConfigError> {
     if value.is_empty()
         || value.len() > MAX_NAME_LEN
         || !value.bytes().all(|b| (b' '..=b'~').contains(&b))
     {
-        return Err(ConfigError::new(format!(
-            "a quota's {what} must be 1 to {MAX_NAME_LEN} printable ASCII characters \
+        return Err(ConfigError::new(
+            ConfigErrorKind::Quota,
+            format!(
+                "a quota's {what} must be 1 to {MAX_NAME_LEN} printable ASCII characters \
              (a structured-field string), got {value:?}"
-        )));
+            ),
+        ));
     }
     Ok(value)
 }
@@ -662,6 +656,38 @@ impl Rate {
 /// The quotas one request is charged against, all or nothing, in one store call.
 ///
 /// Cheap to clone (one `Arc`).
+///
+/// # Changing a client's policy
+///
+/// State is kept per client key, algorithm and window, not per policy: a
+/// client moved to a quota of the same algorithm and window keeps what it
+/// has spent. That is exact for the fixed window, sliding window and sliding
+/// log. A token bucket or GCRA stores its level in units of its own rate, so
+/// after a rate change the level is approximate until the bucket refills.
+///
+/// # Text form
+///
+/// Quotas and policies parse from text (`FromStr`) and print back to it
+/// (`Display`), for configuration files, admin interfaces and runtime
+/// overrides.
+///
+/// A quota is `LIMIT/WINDOW`, then any of: its algorithm
+/// (`fixed-window`, `token-bucket`, `sliding-window`, `gcra`,
+/// `sliding-log`), `burst=N`, `unit=U`, `name=N` and `must-fit`, separated
+/// by spaces. A window is a whole number of `ms`, `s`, `m`, `h` or `d`. A
+/// name or unit with a space, comma, `=` or quote is written as a quoted
+/// string (`name="free tier"`, with `\"` and `\\` inside). A policy is its
+/// quotas separated by commas.
+///
+/// ```
+/// use tower_ratelimit::{Algorithm, Policy, Quota};
+/// let q: Quota = "10/1s gcra burst=50".parse()?;
+/// assert_eq!((q.limit(), q.window_ms(), q.algorithm(), q.burst_size()), (10, 1_000, Algorithm::Gcra, 50));
+/// let p: Policy = "10/1s, 1000/1h sliding-log".parse()?;
+/// assert_eq!(p.to_string(), "10/1s, 1000/1h sliding-log");
+/// assert!("10 per second".parse::<Quota>().is_err());
+/// # Ok::<(), tower_ratelimit::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Policy {
     inner: Arc<Quotas>,
@@ -700,6 +726,10 @@ impl std::hash::Hash for Quotas {
 }
 
 impl Policy {
+    /// The most quotas one policy may hold (each is charged in the same
+    /// atomic call).
+    pub const MAX_QUOTAS: usize = MAX_QUOTAS;
+
     /// A policy of one quota.
     pub fn new(quota: Quota) -> Self {
         Self::of(vec![quota])
@@ -739,7 +769,7 @@ impl Policy {
         self.inner.fingerprint
     }
 
-    /// Adds a quota; errors past [`MAX_QUOTAS`] or when two quotas share an
+    /// Adds a quota; errors past [`Policy::MAX_QUOTAS`](crate::Policy::MAX_QUOTAS) or when two quotas share an
     /// algorithm, window and unit (they would share state). Quotas of
     /// different algorithms or units mix freely and are still charged in
     /// one atomic call.
@@ -757,12 +787,13 @@ impl Policy {
     pub fn and(self, quota: Quota) -> Result<Self, ConfigError> {
         let mut v: Vec<Quota> = self.quotas().to_vec();
         if v.len() >= MAX_QUOTAS {
-            return Err(ConfigError::new(format!(
-                "a policy holds at most {MAX_QUOTAS} quotas"
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Quota,
+                format!("a policy holds at most {MAX_QUOTAS} quotas"),
+            ));
         }
         if v.iter().any(|q| q.slot() == quota.slot()) {
-            return Err(ConfigError::new(format!(
+            return Err(ConfigError::new(ConfigErrorKind::Quota, format!(
                 "two quotas with the same algorithm, window ({}) and unit ({}) would share state; give them different windows",
                 format_window(quota.window_ms),
                 quota.unit()

@@ -9,6 +9,7 @@
 //! once), whatever way the request ended.
 
 use crate::builder::Common;
+use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
 use crate::failure::{self, Guard, Log, OnStoreError, Permit};
 use crate::key::Key;
@@ -99,18 +100,24 @@ impl Slots {
         config: (String, bool),
     ) -> Result<Self, ConfigError> {
         if lease <= common.store_timeout {
-            return Err(ConfigError::new(format!(
-                "the lease ({lease:?}) must be longer than the store timeout ({:?}), and \
+            return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
+                format!(
+                    "the lease ({lease:?}) must be longer than the store timeout ({:?}), and \
                  should be longer than the slowest request",
-                common.store_timeout
-            )));
+                    common.store_timeout
+                ),
+            ));
         }
         let store = common.store();
         if !store.keeps_slots() {
-            return Err(ConfigError::new(format!(
-                "this store keeps no slots (Store::keeps_slots), which the {what} needs: give \
+            return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
+                format!(
+                    "this store keeps no slots (Store::keeps_slots), which the {what} needs: give \
                  it a MemoryStore, a RedisStore or a ShardedStore of them"
-            )));
+                ),
+            ));
         }
         let fallback = match common.on_store_error {
             OnStoreError::Local { fraction } => Some((MemoryStore::new(), fraction)),

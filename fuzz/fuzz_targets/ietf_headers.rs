@@ -11,7 +11,7 @@ use sfv::{BareItem, ListEntry, Parser};
 use std::time::Duration;
 use tower::{Layer, Service};
 use tower_ratelimit::clock::ManualClock;
-use tower_ratelimit::{Algorithm, HeaderStyle, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::{Algorithm, headers::HeaderStyle, Policy, Quota, RateLimitLayer};
 
 #[derive(Arbitrary, Debug)]
 struct Q {

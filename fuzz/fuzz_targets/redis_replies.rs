@@ -34,7 +34,7 @@ fn policy(i: u8) -> Policy {
     }
 }
 
-fn check(policy: &Policy, d: &tower_ratelimit::Decision) {
+fn check(policy: &Policy, d: &tower_ratelimit::decision::Decision) {
     assert_eq!(d.statuses().len(), policy.quotas().len());
     for s in d.statuses() {
         assert!(s.remaining <= s.limit, "{s:?}");

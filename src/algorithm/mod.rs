@@ -14,7 +14,7 @@ pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
 use crate::decision::QuotaStatus;
-use crate::quota::{Algorithm, Quota};
+use crate::{Algorithm, Quota};
 
 /// What one request asks of one quota: `fit` units must be left for it to
 /// be admitted, and `charge` units are charged when it is. They are equal

@@ -3,7 +3,7 @@
 //! Exact over every sliding window, at a memory cost: one entry per
 //! millisecond in which something was charged (charges in the same ms are
 //! merged), so at most `min(limit, window in ms)` entries per key — hence
-//! the cap [`MAX_SLIDING_LOG_LIMIT`](crate::quota::MAX_SLIDING_LOG_LIMIT).
+//! the cap [`Quota::MAX_SLIDING_LOG_LIMIT`](crate::Quota::MAX_SLIDING_LOG_LIMIT).
 //!
 //! The decision needs only the live total, the newest entry (for the reset)
 //! and, on a rejection, when the oldest entries will have slid out far

@@ -5,7 +5,7 @@ use super::response::{default_rejection, ConcurrencyRejection};
 use super::service::ConcurrencyLimit;
 use crate::adaptive::{Adaptive, AdaptiveLimit};
 use crate::builder::Builder;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
 use crate::metrics::CONCURRENCY;
 use crate::slots::Slots;
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
-pub use crate::slots::DEFAULT_LEASE;
+use crate::slots::DEFAULT_LEASE;
 
 /// Limits how many requests per key are in flight at once.
 ///
@@ -31,7 +31,7 @@ pub use crate::slots::DEFAULT_LEASE;
 ///
 /// ```
 /// use axum::{routing::get, Router};
-/// use tower_ratelimit::{concurrency::ConcurrencyLimitLayer, key::Header};
+/// use tower_ratelimit::{ConcurrencyLimitLayer, key::Header};
 /// let layer = ConcurrencyLimitLayer::builder()
 ///     .limit(5)
 ///     .key(Header::try_new("x-tenant").unwrap())
@@ -96,7 +96,7 @@ impl ConcurrencyLimitLayer {
     /// where an [`adaptive`](ConcurrencyLimitLayerBuilder::adaptive) one stands.
     ///
     /// ```
-    /// use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// use tower_ratelimit::ConcurrencyLimitLayer;
     /// let layer = ConcurrencyLimitLayer::builder().limit(5).build().unwrap();
     /// assert_eq!(layer.limit(), 5);
     /// ```
@@ -129,7 +129,7 @@ impl Builder<Settings> {
     /// this limit or an [`adaptive`](Self::adaptive) one.
     ///
     /// ```
-    /// use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// use tower_ratelimit::ConcurrencyLimitLayer;
     /// assert!(ConcurrencyLimitLayer::builder().limit(5).build().is_ok());
     /// assert!(ConcurrencyLimitLayer::builder().limit(0).build().is_err());
     /// ```
@@ -150,7 +150,7 @@ impl Builder<Settings> {
     /// where it stands).
     ///
     /// ```
-    /// use tower_ratelimit::concurrency::{Adaptive, ConcurrencyLimitLayer};
+    /// use tower_ratelimit::{adaptive::Adaptive, ConcurrencyLimitLayer};
     /// let layer = ConcurrencyLimitLayer::builder()
     ///     .adaptive(Adaptive::new().initial(10).min(2).max(100))
     ///     .build()
@@ -169,7 +169,7 @@ impl Builder<Settings> {
     /// the whole service). See [`crate::key`].
     ///
     /// ```
-    /// use tower_ratelimit::{concurrency::ConcurrencyLimitLayer, key::Header};
+    /// use tower_ratelimit::{ConcurrencyLimitLayer, key::Header};
     /// let layer = ConcurrencyLimitLayer::builder()
     ///     .limit(2)
     ///     .key(Header::try_new("x-tenant").unwrap())
@@ -193,7 +193,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// use tower_ratelimit::ConcurrencyLimitLayer;
     /// let layer = ConcurrencyLimitLayer::builder()
     ///     .limit(5)
     ///     .lease(Duration::from_secs(120))
@@ -210,7 +210,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// use tower_ratelimit::ConcurrencyLimitLayer;
     /// let layer = ConcurrencyLimitLayer::builder()
     ///     .limit(5)
     ///     .retry_after(Duration::from_secs(3))
@@ -226,7 +226,7 @@ impl Builder<Settings> {
     /// still added to it).
     ///
     /// ```
-    /// use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// use tower_ratelimit::ConcurrencyLimitLayer;
     /// let layer = ConcurrencyLimitLayer::builder()
     ///     .limit(2)
     ///     .on_rejection(|r| http::Response::new(bytes::Bytes::from(r.detail())))
@@ -248,16 +248,21 @@ impl Builder<Settings> {
         let limit = match (kind.limit, kind.adaptive) {
             (None, None) => {
                 return Err(ConfigError::new(
+                    ConfigErrorKind::Missing,
                     "no concurrency limit configured: call .limit(n) or .adaptive(..)",
                 ))
             }
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
+                    ConfigErrorKind::Conflict,
                     "a concurrency limit is fixed (.limit) or adaptive (.adaptive), not both",
                 ))
             }
             (Some(0), None) => {
-                return Err(ConfigError::new("the concurrency limit must be at least 1"))
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Invalid,
+                    "the concurrency limit must be at least 1",
+                ))
             }
             (Some(n), None) => Limit::Fixed(u64::from(n)),
             (None, Some(a)) => {

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use axum::{routing::get, Router};
-//! use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+//! use tower_ratelimit::ConcurrencyLimitLayer;
 //! use tower_ratelimit::key::Header;
 //!
 //! // At most 5 reports per tenant run at once; the 6th is answered 429.
@@ -48,11 +48,11 @@
 //! the rate limiter. Releasing is one call of `lua/concurrency_release.lua`.
 //! A slot that was never released — its instance crashed, or Redis was down
 //! at release time — stops counting when its **lease** ends
-//! ([`DEFAULT_LEASE`], 30 s), and the key itself expires one second later. A
+//! ([`DEFAULT_LEASE`](crate::store::DEFAULT_LEASE), 30 s), and the key itself expires one second later. A
 //! release that overtakes its own acquire (a timed-out or abandoned acquire on
 //! another connection) leaves a tombstone that makes the late acquire fail.
 //!
-//! Leases are not renewed: see [`ConcurrencyLimitLayerBuilder::lease`] for the
+//! Leases are not renewed: see [`ConcurrencyLimitLayerBuilder::lease`](crate::ConcurrencyLimitLayerBuilder::lease) for the
 //! trade-off.
 //!
 //! # Stacking with the other limiters
@@ -89,14 +89,13 @@
 //! | `concurrency_releases_total` | counter | `result` = `ok`, `failed` | slots given back to the store |
 
 mod future;
-mod layer;
+pub(crate) mod layer;
 mod limiter;
 mod response;
 mod service;
 
-pub use crate::adaptive::Adaptive;
 pub use future::ResponseFuture;
-pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder, Settings, DEFAULT_LEASE};
+pub use layer::Settings;
 pub use limiter::Slot;
 pub use response::{default_rejection, ConcurrencyRejection};
 pub use service::ConcurrencyLimit;

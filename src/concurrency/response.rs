@@ -23,7 +23,7 @@ impl ConcurrencyRejection<'_> {
     /// A one-line explanation for bodies and `grpc-message`.
     ///
     /// ```
-    /// # use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+    /// # use tower_ratelimit::ConcurrencyLimitLayer;
     /// let layer = ConcurrencyLimitLayer::builder()
     ///     .limit(2)
     ///     .on_rejection(|r| http::Response::new(bytes::Bytes::from(r.detail())))
@@ -41,7 +41,7 @@ impl ConcurrencyRejection<'_> {
 ///
 /// ```
 /// use tower_ratelimit::concurrency::default_rejection;
-/// # use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
+/// # use tower_ratelimit::ConcurrencyLimitLayer;
 /// let layer = ConcurrencyLimitLayer::builder().limit(2).on_rejection(default_rejection).build();
 /// ```
 pub fn default_rejection(r: &ConcurrencyRejection<'_>) -> Response<Bytes> {

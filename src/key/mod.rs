@@ -42,6 +42,7 @@ mod request;
 mod test_util;
 mod value;
 
+pub use crate::problem::default_key_error;
 pub use api_key::ApiKey;
 pub use client_ip::ClientIp;
 pub use combinators::{And, ExemptIf, KeyExtractorExt, Or};

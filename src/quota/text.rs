@@ -4,7 +4,7 @@
 //! See the parent module for the grammar.
 
 use super::{format_window, Algorithm, Policy, Quota};
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -81,14 +81,23 @@ impl FromStr for Quota {
 
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let mut words = Words::new(s);
-        let first = words
-            .next()?
-            .ok_or_else(|| ConfigError::new("an empty quota: write one like 10/1s or 1000/1h"))?;
+        let first = words.next()?.ok_or_else(|| {
+            ConfigError::new(
+                ConfigErrorKind::Syntax,
+                "an empty quota: write one like 10/1s or 1000/1h",
+            )
+        })?;
         let (limit, window) = first.split_once('/').ok_or_else(|| {
-            ConfigError::new(format!("`{first}` is not a quota like 10/1s or 1000/1h"))
+            ConfigError::new(
+                ConfigErrorKind::Syntax,
+                format!("`{first}` is not a quota like 10/1s or 1000/1h"),
+            )
         })?;
         let limit: u64 = limit.parse().map_err(|_| {
-            ConfigError::new(format!("`{limit}` in `{first}` is not a whole number"))
+            ConfigError::new(
+                ConfigErrorKind::Syntax,
+                format!("`{limit}` in `{first}` is not a whole number"),
+            )
         })?;
         let mut q = Quota::new(limit, duration(window)?)?;
         let (mut burst, mut must_fit) = (None, false);
@@ -100,25 +109,32 @@ impl FromStr for Quota {
                         .into_iter()
                         .find(|a| a.as_str() == word)
                         .ok_or_else(|| {
-                            ConfigError::new(format!(
-                                "`{word}` is not an algorithm (fixed-window, token-bucket, \
+                            ConfigError::new(
+                                ConfigErrorKind::Syntax,
+                                format!(
+                                    "`{word}` is not an algorithm (fixed-window, token-bucket, \
                                  sliding-window, gcra, sliding-log) nor burst=, unit=, name= \
                                  or must-fit"
-                            ))
+                                ),
+                            )
                         })?;
                     q = q.with_algorithm(a)?;
                 }
                 Some(("burst", n)) => {
                     burst = Some(n.parse::<u64>().map_err(|_| {
-                        ConfigError::new(format!("`{n}` is not a whole number of burst"))
+                        ConfigError::new(
+                            ConfigErrorKind::Syntax,
+                            format!("`{n}` is not a whole number of burst"),
+                        )
                     })?);
                 }
                 Some(("unit", _)) => q = q.with_unit(words.value())?,
                 Some(("name", _)) => q = q.named(words.value())?,
                 Some((other, _)) => {
-                    return Err(ConfigError::new(format!(
-                        "`{other}=` is not a quota setting (burst=, unit=, name=)"
-                    )))
+                    return Err(ConfigError::new(
+                        ConfigErrorKind::Syntax,
+                        format!("`{other}=` is not a quota setting (burst=, unit=, name=)"),
+                    ))
                 }
             }
         }
@@ -138,9 +154,12 @@ impl FromStr for Policy {
 
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let mut quotas = split_quotas(s)?.into_iter();
-        let first = quotas
-            .next()
-            .ok_or_else(|| ConfigError::new("an empty policy: write one like 10/1s, 1000/1h"))?;
+        let first = quotas.next().ok_or_else(|| {
+            ConfigError::new(
+                ConfigErrorKind::Syntax,
+                "an empty policy: write one like 10/1s, 1000/1h",
+            )
+        })?;
         quotas.try_fold(Policy::new(first.parse()?), |p, q| p.and(q.parse()?))
     }
 }
@@ -150,9 +169,10 @@ fn duration(s: &str) -> Result<Duration, ConfigError> {
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);
     let bad = || {
-        ConfigError::new(format!(
-            "`{s}` is not a window like 500ms, 1s, 5m, 1h or 1d"
-        ))
+        ConfigError::new(
+            ConfigErrorKind::Syntax,
+            format!("`{s}` is not a window like 500ms, 1s, 5m, 1h or 1d"),
+        )
     };
     let n: u64 = n.parse().map_err(|_| bad())?;
     let ms = match unit {
@@ -182,14 +202,20 @@ fn split_quotas(s: &str) -> Result<Vec<&str>, ConfigError> {
         }
     }
     if quoted {
-        return Err(ConfigError::new(format!("an unterminated quote in `{s}`")));
+        return Err(ConfigError::new(
+            ConfigErrorKind::Syntax,
+            format!("an unterminated quote in `{s}`"),
+        ));
     }
     let last = s[start..].trim();
     if !last.is_empty() || !parts.is_empty() {
         parts.push(last);
     }
     match parts.iter().any(|p| p.is_empty()) {
-        true => Err(ConfigError::new(format!("an empty quota in `{s}`"))),
+        true => Err(ConfigError::new(
+            ConfigErrorKind::Syntax,
+            format!("an empty quota in `{s}`"),
+        )),
         false => Ok(parts),
     }
 }
@@ -240,7 +266,10 @@ impl<'a> Words<'a> {
                 }
             }
             let end = end.ok_or_else(|| {
-                ConfigError::new(format!("an unterminated quote in `{}`", self.rest))
+                ConfigError::new(
+                    ConfigErrorKind::Syntax,
+                    format!("an unterminated quote in `{}`", self.rest),
+                )
             })?;
             1 + end
         } else {
@@ -251,10 +280,10 @@ impl<'a> Words<'a> {
         let word_end = eq + 1 + used;
         self.rest = &s[word_end..];
         if !self.rest.is_empty() && !self.rest.starts_with(' ') {
-            return Err(ConfigError::new(format!(
-                "a space is missing after `{}`",
-                &s[..word_end]
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Syntax,
+                format!("a space is missing after `{}`", &s[..word_end]),
+            ));
         }
         Ok(Some(&s[..word_end]))
     }

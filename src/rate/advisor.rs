@@ -11,9 +11,9 @@
 //! headroom, rounded up; per tier (the policy a key was limited under),
 //! the same over its heavy keys.
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::Policy;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -123,30 +123,39 @@ impl Advisor {
         #[cfg(feature = "redis")]
         if self.fleet.as_ref().is_some_and(|s| s.is_cluster()) {
             return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
                 "the advisor's fleet windows live on one Redis primary: not a Cluster",
             ));
         }
         if self.window < Duration::from_millis(1) {
             return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
                 "the advisor's window must be at least 1ms",
             ));
         }
         if self.windows == 0 || self.top == 0 {
             return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
                 "the advisor keeps at least one window and one key",
             ));
         }
         if !(self.percentile > 0.0 && self.percentile <= 1.0) {
-            return Err(ConfigError::new(format!(
-                "the advisor's percentile must be above 0 and at most 1, got {}",
-                self.percentile
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                format!(
+                    "the advisor's percentile must be above 0 and at most 1, got {}",
+                    self.percentile
+                ),
+            ));
         }
         if !(self.headroom >= 1.0 && self.headroom.is_finite()) {
-            return Err(ConfigError::new(format!(
-                "the advisor's headroom must be at least 1, got {}",
-                self.headroom
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                format!(
+                    "the advisor's headroom must be at least 1, got {}",
+                    self.headroom
+                ),
+            ));
         }
         Ok(())
     }

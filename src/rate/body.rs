@@ -9,7 +9,7 @@ use http_body::Frame;
 use std::fmt;
 use std::sync::Arc;
 
-/// Which body type a [`RateLimit`](crate::RateLimit) service answers with,
+/// Which body type a [`RateLimit`](crate::rate::RateLimit) service answers with,
 /// and how the inner service's body and the limiter's own answers become it.
 ///
 /// Sealed. [`WrapBody`] (the default) suits every inner service;
@@ -48,7 +48,7 @@ pub struct WrapBody;
 ///
 /// The body passes through unwatched, so a request is settled when its
 /// response head is ready, to what is known then: the trailers and the
-/// body's bytes are not seen, and a [`Usage`](crate::Usage) counts what the
+/// body's bytes are not seen, and a [`Usage`](crate::rate::Usage) counts what the
 /// handler said before it answered.
 ///
 /// Some answers have no body (a gRPC answer is headers only): they are made

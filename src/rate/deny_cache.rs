@@ -15,7 +15,7 @@
 use crate::bounded::{self, Bounded};
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::Policy;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -25,7 +25,7 @@ use tokio::time::Instant;
 /// store, which answers locally anyway).
 ///
 /// ```
-/// use tower_ratelimit::DenyCache;
+/// use tower_ratelimit::rate::DenyCache;
 /// let on = DenyCache::new().max_keys(50_000);
 /// let off = DenyCache::disabled();
 /// ```
@@ -155,7 +155,7 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
     use crate::decision::QuotaStatus;
-    use crate::quota::Quota;
+    use crate::Quota;
 
     fn rejected(retry: u64) -> Decision {
         Decision::from_statuses(

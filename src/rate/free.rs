@@ -9,7 +9,7 @@
 
 use crate::bounded::{self, Bounded};
 use crate::key::Key;
-use crate::quota::{Policy, Quota};
+use crate::{Policy, Quota};
 
 /// The most keys whose free responses are counted (the least useful are
 /// forgotten first: an evicted count starts again at zero).

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit); `M` is its
+    /// The response future of [`RateLimit`](crate::rate::RateLimit); `M` is its
     /// [`BodyMode`].
     pub struct ResponseFuture<S, B, M = WrapBody>
     where

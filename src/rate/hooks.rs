@@ -5,7 +5,7 @@
 //! without their features has none.
 
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::Policy;
 
 /// Policies that replace the configured one while the layer serves.
 pub(crate) trait Overrides: Send + Sync {

@@ -11,11 +11,11 @@ use super::response::{default_rejection, Rejection};
 use super::service::RateLimit;
 use super::settle::Dropped;
 use crate::builder::Builder;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::failure::{Guard, OnStoreError};
 use crate::key::{Global, Key, KeyError, KeyExtractor};
-use crate::quota::{Policy, Quota};
 use crate::store::{MemoryStore, Namespace};
+use crate::{Policy, Quota};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Response, StatusCode};
@@ -43,7 +43,7 @@ use tower_layer::Layer;
 ///     .layer(layer);
 /// ```
 ///
-/// `M` is the responses' [`BodyMode`](crate::BodyMode): [`WrapBody`] from
+/// `M` is the responses' [`BodyMode`](crate::rate::BodyMode): [`WrapBody`] from
 /// [`build`](RateLimitLayerBuilder::build), [`InnerBody`] after
 /// [`inner_body`](Self::inner_body).
 pub struct RateLimitLayer<M = WrapBody> {
@@ -136,7 +136,7 @@ impl RateLimitLayer {
     }
 
     /// Answers in the inner service's own response body type instead of a
-    /// [`ResponseBody`](crate::ResponseBody): the limiter's answers are made
+    /// [`ResponseBody`](crate::body::ResponseBody): the limiter's answers are made
     /// with `From<Bytes>`, so the inner body must allow it (axum's `Body`
     /// does).
     ///
@@ -515,7 +515,7 @@ impl Builder<Settings> {
     /// the settled state. A header is written before the body: for a count
     /// known only once a streamed body ends, use the trailers
     /// ([`settle_trailers`](Self::settle_trailers)) or the handler's
-    /// [`Usage`](crate::Usage) ([`usage_extension`](Self::usage_extension)).
+    /// [`Usage`](crate::rate::Usage) ([`usage_extension`](Self::usage_extension)).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -542,7 +542,7 @@ impl Builder<Settings> {
     /// completion. The request is then settled when its body ends, not at
     /// its head, and a trailer's word comes before the head's
     /// ([`settle`](Self::settle)). Needs the default body mode
-    /// ([`WrapBody`](crate::WrapBody)): with
+    /// ([`WrapBody`]): with
     /// [`inner_body`](crate::RateLimitLayer::inner_body) the body is not
     /// watched.
     ///
@@ -586,7 +586,7 @@ impl Builder<Settings> {
         self
     }
 
-    /// Gives each charged request a [`Usage`](crate::Usage) in its
+    /// Gives each charged request a [`Usage`](crate::rate::Usage) in its
     /// extensions (with axum, an extractor) on which the handler reports
     /// what the request really cost, as it goes: `.settle(n)`, `.add(n)`,
     /// or per unit. The request is settled when its response body ends.
@@ -594,12 +594,12 @@ impl Builder<Settings> {
     /// For each quota of another unit than requests, the first that is
     /// known of these is what the request cost:
     /// 1. the handler's word for the quota's own unit
-    ///    ([`Usage::settle_unit`](crate::Usage::settle_unit));
+    ///    ([`Usage::settle_unit`](crate::rate::Usage::settle_unit));
     /// 2. the body's bytes, for `content-bytes` quotas
     ///    ([`settle_body_bytes`](Self::settle_body_bytes));
     /// 3. the trailers ([`settle_trailers`](Self::settle_trailers));
     /// 4. the head ([`settle`](Self::settle));
-    /// 5. the handler's word for every unit ([`Usage::settle`](crate::Usage::settle)).
+    /// 5. the handler's word for every unit ([`Usage::settle`](crate::rate::Usage::settle)).
     ///
     /// Else the reservation stands. A request is settled exactly once,
     /// whichever sources speak.
@@ -613,7 +613,7 @@ impl Builder<Settings> {
     ///     .reserve(|_| 500)
     ///     .usage_extension()
     ///     .build()?;
-    /// // In an axum handler: `async fn complete(usage: tower_ratelimit::Usage)`,
+    /// // In an axum handler: `async fn complete(usage: tower_ratelimit::rate::Usage)`,
     /// // then `usage.add(n)` for each chunk of n tokens streamed.
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
@@ -631,7 +631,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use tower_ratelimit::{Dropped, Quota, RateLimitLayer};
+    /// use tower_ratelimit::{rate::Dropped, Quota, RateLimitLayer};
     /// let egress = Quota::new(100_000_000, Duration::from_secs(3600))?.with_unit("content-bytes")?;
     /// let layer = RateLimitLayer::builder()
     ///     .quota(egress)
@@ -683,7 +683,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// # use std::num::NonZeroU32;
-    /// use tower_ratelimit::{Quota, RateLimitLayer, Status};
+    /// use tower_ratelimit::{Quota, RateLimitLayer, rate::Status};
     /// let layer = RateLimitLayer::builder()
     ///     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
     ///     .status_extension(true)
@@ -723,7 +723,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// # use std::num::NonZeroU32;
-    /// use tower_ratelimit::{DenyCache, Quota, RateLimitLayer};
+    /// use tower_ratelimit::{rate::DenyCache, Quota, RateLimitLayer};
     /// let layer = RateLimitLayer::builder()
     ///     .quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
     ///     .deny_cache(DenyCache::disabled())
@@ -783,6 +783,7 @@ impl Builder<Settings> {
         common.check()?;
         let policy = kind.policy.ok_or_else(|| {
             ConfigError::new(
+                ConfigErrorKind::Missing,
                 "no quota configured: call .quota(), .policy(), .policy_fn() or .policy_async()",
             )
         })?;

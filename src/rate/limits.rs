@@ -9,10 +9,11 @@
 //! once for every clone of the layer, so a request never sees half of one.
 
 use super::hooks::Overrides;
+use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::quota::Policy;
 use crate::store::Store;
+use crate::Policy;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,7 @@ pub const MAX_OVERRIDES: usize = 100_000;
 
 /// Changes a rate limit layer's policies at runtime, at once for every
 /// clone of the layer: a new default, and per-key overrides. Cheap to
-/// clone; take it with [`RateLimitLayer::limits`](super::RateLimitLayer::limits).
+/// clone; take it with [`RateLimitLayer::limits`](crate::RateLimitLayer::limits).
 ///
 /// A key is named by its text, the bytes a key extractor such as
 /// [`Header`](crate::key::Header) or [`Path`](crate::key::Path) reads
@@ -191,9 +192,12 @@ impl Table {
                 let Some(p) = p else { return Ok(()) };
                 self.check_policy(p)?;
                 if !snap.keys.contains_key(key) && snap.keys.len() >= MAX_OVERRIDES {
-                    return Err(ConfigError::new(format!(
-                        "this layer already has {MAX_OVERRIDES} overrides; remove some first"
-                    )));
+                    return Err(ConfigError::new(
+                        ConfigErrorKind::Invalid,
+                        format!(
+                            "this layer already has {MAX_OVERRIDES} overrides; remove some first"
+                        ),
+                    ));
                 }
                 Ok(())
             }
@@ -220,10 +224,13 @@ impl Table {
 /// Why `key` cannot name an override, if it cannot.
 fn check_key(key: &str) -> Result<(), ConfigError> {
     if key.is_empty() || key.len() > MAX_OVERRIDE_KEY_LEN {
-        return Err(ConfigError::new(format!(
-            "an override's key must be 1 to {MAX_OVERRIDE_KEY_LEN} bytes, got {}",
-            key.len()
-        )));
+        return Err(ConfigError::new(
+            ConfigErrorKind::Invalid,
+            format!(
+                "an override's key must be 1 to {MAX_OVERRIDE_KEY_LEN} bytes, got {}",
+                key.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -316,7 +323,7 @@ impl Limits {
 
     /// Reads the shared limits from Redis now (a restarted instance does
     /// this before its first request through
-    /// [`RateLimitLayer::connect`](super::RateLimitLayer::connect)). Without
+    /// [`RateLimitLayer::connect`](crate::RateLimitLayer::connect)). Without
     /// [`SharedLimits`] it does nothing.
     pub async fn refresh(&self) -> Result<(), StoreError> {
         #[cfg(feature = "redis")]

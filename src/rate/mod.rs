@@ -1,4 +1,4 @@
-//! The request rate limit: [`RateLimitLayer`] charges each request against
+//! The request rate limit: [`RateLimitLayer`](crate::RateLimitLayer) charges each request against
 //! its client's quotas, in this process's memory or in a store the whole
 //! fleet shares, and answers `429 Too Many Requests` past them.
 //!
@@ -30,7 +30,7 @@ mod deny_cache;
 mod free;
 mod future;
 mod hooks;
-mod layer;
+pub(crate) mod layer;
 mod limiter;
 #[cfg(feature = "runtime-limits")]
 mod limits;
@@ -44,7 +44,7 @@ pub use advisor::{current_limit, Advice, Advisor, KeyAdvice, TierAdvice, MAX_TIE
 pub use body::{BodyMode, InnerBody, WrapBody};
 pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;
-pub use layer::{RateLimitLayer, RateLimitLayerBuilder, Settings};
+pub use layer::Settings;
 pub use limiter::{Status, StatusError};
 #[cfg(all(feature = "runtime-limits", feature = "redis"))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "runtime-limits", feature = "redis"))))]

@@ -3,7 +3,7 @@
 use crate::decision::{Decision, RejectReason};
 use crate::headers::ceil_secs;
 use crate::problem::{Problem, QUOTA_EXCEEDED};
-use crate::quota::Policy;
+use crate::Policy;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use std::borrow::Cow;
@@ -60,7 +60,7 @@ impl Rejection<'_> {
 ///
 /// ```
 /// # use std::num::NonZeroU32;
-/// use tower_ratelimit::{default_rejection, Quota, RateLimitLayer};
+/// use tower_ratelimit::{rate::default_rejection, Quota, RateLimitLayer};
 /// let layer = RateLimitLayer::builder()
 ///     .quota(Quota::per_second(NonZeroU32::new(1).unwrap()))
 ///     .on_rejection(default_rejection)
@@ -83,7 +83,7 @@ pub fn default_rejection(r: &Rejection<'_>) -> Response<Bytes> {
 mod tests {
     use super::*;
     use crate::decision::QuotaStatus;
-    use crate::quota::Quota;
+    use crate::Quota;
     use std::time::Duration;
 
     fn quota(limit: u64, secs: u64, name: &'static str) -> Quota {

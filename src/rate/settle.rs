@@ -4,7 +4,7 @@
 //! the cost when it is settled. (The response body carries the settlement
 //! to its end: `body.rs`.)
 
-use crate::quota::Quota;
+use crate::Quota;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// handlers need not tell the cases apart.
 ///
 /// ```
-/// use tower_ratelimit::Usage;
+/// use tower_ratelimit::rate::Usage;
 /// async fn complete(usage: Usage) -> &'static str {
 ///     usage.settle_unit("input-tokens", 12);
 ///     usage.add_unit("output-tokens", 30);

@@ -8,7 +8,7 @@ use super::shedder::{
 };
 use crate::adaptive::Adaptive;
 use crate::builder::Builder;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::failure::LogThrottle;
 use crate::metrics::FLEET_SHED;
 use crate::slots::Slots;
@@ -55,7 +55,7 @@ pub const DEFAULT_SHARES: [(Priority, f64); 4] = [
 ///
 /// ```
 /// use axum::{routing::get, Router};
-/// use tower_ratelimit::shed::{LoadShedLayer, Priority};
+/// use tower_ratelimit::{LoadShedLayer, shed::Priority};
 /// let shed = LoadShedLayer::builder()
 ///     .capacity(200)
 ///     .classify(|parts| match parts.uri.path() {
@@ -94,7 +94,7 @@ impl LoadShedLayer {
     /// Requests in flight through this layer (and its clones) now.
     ///
     /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// assert_eq!(LoadShedLayer::builder().capacity(10).build().unwrap().in_flight(), 0);
     /// ```
     pub fn in_flight(&self) -> u64 {
@@ -106,7 +106,7 @@ impl LoadShedLayer {
     /// `None` with only a utilisation signal.
     ///
     /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// assert_eq!(LoadShedLayer::builder().capacity(10).build().unwrap().capacity(), Some(10));
     /// ```
     pub fn capacity(&self) -> Option<u64> {
@@ -117,7 +117,7 @@ impl LoadShedLayer {
     /// ([`fleet_capacity`](LoadShedLayerBuilder::fleet_capacity)).
     ///
     /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// assert_eq!(LoadShedLayer::builder().fleet_capacity(50).build().unwrap().fleet_capacity(), Some(50));
     /// ```
     pub fn fleet_capacity(&self) -> Option<u64> {
@@ -189,7 +189,7 @@ impl Builder<Settings> {
     /// Each class may have `floor(share × capacity)` in flight.
     ///
     /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// assert!(LoadShedLayer::builder().capacity(100).build().is_ok());
     /// assert!(LoadShedLayer::builder().capacity(0).build().is_err());
     /// ```
@@ -206,7 +206,7 @@ impl Builder<Settings> {
     /// limit. Choose this or [`capacity`](Self::capacity).
     ///
     /// ```
-    /// use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
+    /// use tower_ratelimit::{adaptive::Adaptive, LoadShedLayer, shed::Priority};
     /// // A plain adaptive concurrency limit: one class, all of the capacity.
     /// let layer = LoadShedLayer::builder()
     ///     .adaptive(Adaptive::new().min(2).max(200))
@@ -238,7 +238,7 @@ impl Builder<Settings> {
     /// counting when its [`lease`](Self::lease) ends.
     ///
     /// ```
-    /// use tower_ratelimit::shed::{LoadShedLayer, Priority};
+    /// use tower_ratelimit::{LoadShedLayer, shed::Priority};
     /// use tower_ratelimit::store::MemoryStore;
     /// let layer = LoadShedLayer::builder()
     ///     .name("payments-fleet")
@@ -260,7 +260,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// let layer = LoadShedLayer::builder()
     ///     .fleet_capacity(100)
     ///     .lease(Duration::from_secs(60))
@@ -282,7 +282,7 @@ impl Builder<Settings> {
     /// ```
     /// use std::sync::atomic::{AtomicU64, Ordering};
     /// use std::sync::Arc;
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// let busy_permille = Arc::new(AtomicU64::new(0)); // updated by a sampler task
     /// let signal = busy_permille.clone();
     /// let layer = LoadShedLayer::builder()
@@ -303,7 +303,7 @@ impl Builder<Settings> {
     /// strip the header at your edge: anyone can send `x-priority: critical`.
     ///
     /// ```
-    /// use tower_ratelimit::shed::{LoadShedLayer, Priority};
+    /// use tower_ratelimit::{LoadShedLayer, shed::Priority};
     /// let layer = LoadShedLayer::builder()
     ///     .capacity(100)
     ///     .classify(|parts| {
@@ -327,7 +327,7 @@ impl Builder<Settings> {
     /// with importance: test ≤ low ≤ normal ≤ critical.
     ///
     /// ```
-    /// use tower_ratelimit::shed::{LoadShedLayer, Priority};
+    /// use tower_ratelimit::{LoadShedLayer, shed::Priority};
     /// let layer = LoadShedLayer::builder()
     ///     .capacity(100)
     ///     .share(Priority::Normal, 0.8) // reserve 20 % for critical traffic
@@ -344,7 +344,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// let layer = LoadShedLayer::builder()
     ///     .capacity(100)
     ///     .retry_after(Duration::from_secs(5))
@@ -361,7 +361,7 @@ impl Builder<Settings> {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// let layer = LoadShedLayer::builder()
     ///     .capacity(100)
     ///     .on_shed(|o| {
@@ -382,7 +382,7 @@ impl Builder<Settings> {
     /// Checks the configuration and builds the layer.
     ///
     /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// // No load signal at all is a configuration error.
     /// assert!(LoadShedLayer::builder().build().is_err());
     /// ```
@@ -391,6 +391,7 @@ impl Builder<Settings> {
         common.check()?;
         if common.store.is_some() && kind.fleet_capacity.is_none() {
             return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
                 "the load shedder uses a store only to count the fleet: call .fleet_capacity(n)",
             ));
         }
@@ -400,31 +401,37 @@ impl Builder<Settings> {
             && kind.fleet_capacity.is_none()
         {
             return Err(ConfigError::new(
+                ConfigErrorKind::Missing,
                 "no load signal: call .capacity(n), .adaptive(..) or .fleet_capacity(n), \
                  and/or .utilisation(signal)",
             ));
         }
         for (p, s) in Priority::ALL.iter().zip(kind.shares) {
             if !(s > 0.0 && s <= 1.0) {
-                return Err(ConfigError::new(format!(
-                    "the share of {p} traffic must be in (0, 1], got {s}"
-                )));
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Invalid,
+                    format!("the share of {p} traffic must be in (0, 1], got {s}"),
+                ));
             }
         }
         for w in Priority::ALL.windows(2) {
             let (more, less) = (w[0], w[1]);
             if kind.shares[less.index()] > kind.shares[more.index()] {
-                return Err(ConfigError::new(format!(
-                    "{less} traffic may not use a larger share ({}) than {more} traffic ({}): \
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Invalid,
+                    format!(
+                        "{less} traffic may not use a larger share ({}) than {more} traffic ({}): \
                      it would be shed later",
-                    kind.shares[less.index()],
-                    kind.shares[more.index()]
-                )));
+                        kind.shares[less.index()],
+                        kind.shares[more.index()]
+                    ),
+                ));
             }
         }
         let capacity = match (kind.capacity, kind.adaptive) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
+                    ConfigErrorKind::Conflict,
                     "a capacity is fixed (.capacity) or adaptive (.adaptive), not both",
                 ))
             }
@@ -474,15 +481,21 @@ impl Builder<Settings> {
 /// capacity that leaves a class none.
 fn limits(what: &str, capacity: u64, shares: [f64; 4]) -> Result<[u64; 4], ConfigError> {
     if capacity == 0 {
-        return Err(ConfigError::new(format!("the {what} must be at least 1")));
+        return Err(ConfigError::new(
+            ConfigErrorKind::Invalid,
+            format!("the {what} must be at least 1"),
+        ));
     }
     let limits = shares.map(|s| share_of(s, capacity));
     match Priority::ALL.iter().find(|p| limits[p.index()] == 0) {
-        Some(p) => Err(ConfigError::new(format!(
-            "a {what} of {capacity} leaves {p} traffic no room at share {}: raise the \
+        Some(p) => Err(ConfigError::new(
+            ConfigErrorKind::Invalid,
+            format!(
+                "a {what} of {capacity} leaves {p} traffic no room at share {}: raise the \
              {what} or the share",
-            shares[p.index()]
-        ))),
+                shares[p.index()]
+            ),
+        )),
         None => Ok(limits),
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use axum::{routing::get, Router};
-//! use tower_ratelimit::shed::{LoadShedLayer, Priority};
+//! use tower_ratelimit::{LoadShedLayer, shed::Priority};
 //!
 //! let shed = LoadShedLayer::builder()
 //!     .capacity(500) // requests this process serves at once at full load
@@ -28,7 +28,7 @@
 //!
 //! So the last 10 % of capacity is reserved for critical traffic, and as load
 //! rises test traffic is shed first, then low, then normal. Shares are set
-//! with [`LoadShedLayerBuilder::share`]. The count is exact: a class never has
+//! with [`LoadShedLayerBuilder::share`](crate::LoadShedLayerBuilder::share). The count is exact: a class never has
 //! more than its share in flight, however many requests race.
 //!
 //! # Per process, and how it combines with the fleet-wide rate limit
@@ -49,7 +49,7 @@
 //!
 //! ```
 //! # use axum::{routing::get, Router};
-//! # use tower_ratelimit::{concurrency::ConcurrencyLimitLayer, shed::LoadShedLayer, RateLimitLayer, Quota};
+//! # use tower_ratelimit::{ConcurrencyLimitLayer, LoadShedLayer, RateLimitLayer, Quota};
 //! # let quota = Quota::per_second(std::num::NonZeroU32::new(10).unwrap());
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "ok" }))
@@ -60,7 +60,7 @@
 //!
 //! # Fleet-wide: a capacity for what the instances share
 //!
-//! With a [`fleet_capacity`](LoadShedLayerBuilder::fleet_capacity) and a
+//! With a [`fleet_capacity`](crate::LoadShedLayerBuilder::fleet_capacity) and a
 //! `RedisStore`, the count is the fleet's: each admitted request holds a
 //! leased slot under one key in Redis (the concurrency limiter's slots, one
 //! `EVALSHA` to acquire and one, off the response path, to release), and a
@@ -71,7 +71,7 @@
 //!
 //! ```
 //! # #[cfg(feature = "redis")] {
-//! use tower_ratelimit::shed::LoadShedLayer;
+//! use tower_ratelimit::LoadShedLayer;
 //! use tower_ratelimit::store::RedisStore;
 //! let fleet = LoadShedLayer::builder()
 //!     .name("ledger-db")
@@ -94,14 +94,14 @@
 //!   (`tests/properties/fleet_counting_model.rs` models both; the numbers
 //!   are in `docs/performance.md`).
 //! - **Failure.** When Redis fails, the layer's
-//!   [failure policy](crate::OnStoreError) decides: by default it fails open;
+//!   [failure policy](crate::failure::OnStoreError) decides: by default it fails open;
 //!   `Local { fraction }` gives each instance that fraction of each class's
 //!   fleet limit, counted in memory; `FailClosed` answers 503. The breaker
 //!   and the store timeout apply as for the other limiters.
 //! - **Leases.** A slot a crashed instance never gave back stops counting
-//!   when its [`lease`](LoadShedLayerBuilder::lease) ends (30 s by default).
+//!   when its [`lease`](crate::LoadShedLayerBuilder::lease) ends (30 s by default).
 //!
-//! A [`utilisation`](LoadShedLayerBuilder::utilisation) signal can carry any
+//! A [`utilisation`](crate::LoadShedLayerBuilder::utilisation) signal can carry any
 //! other load figure you compute, including a fleet-wide one.
 //!
 //! # Metrics
@@ -122,16 +122,14 @@
 //! | `load_shed_fleet_releases_total` | counter | `result` = `ok`, `failed` | fleet slots given back |
 
 mod future;
-mod layer;
+pub(crate) mod layer;
 mod metrics;
 mod priority;
 mod service;
 mod shedder;
 
-pub use crate::adaptive::Adaptive;
-pub use crate::slots::DEFAULT_LEASE;
 pub use future::ResponseFuture;
-pub use layer::{LoadShedLayer, LoadShedLayerBuilder, Settings, DEFAULT_SHARES};
+pub use layer::{Settings, DEFAULT_SHARES};
 pub use priority::{ParsePriorityError, Priority};
 pub use service::LoadShed;
 pub use shedder::{default_response, Admission, Overloaded};

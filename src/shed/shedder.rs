@@ -30,7 +30,7 @@ pub struct Overloaded {
     /// Requests in flight when it decided: through this process's shedder,
     /// or across the fleet when [`fleet`](Self::fleet) is set.
     pub in_flight: u64,
-    /// Whether the fleet's count (a [`fleet_capacity`](super::LoadShedLayerBuilder::fleet_capacity)),
+    /// Whether the fleet's count (a [`fleet_capacity`](crate::LoadShedLayerBuilder::fleet_capacity)),
     /// not this process's, shed the request.
     pub fleet: bool,
     /// The utilisation signal's reading (0 to 1), if one is configured.
@@ -44,7 +44,7 @@ pub struct Overloaded {
 /// `temporary-reduced-capacity` type.
 ///
 /// ```
-/// use tower_ratelimit::shed::{default_response, LoadShedLayer};
+/// use tower_ratelimit::{shed::default_response, LoadShedLayer};
 /// let layer = LoadShedLayer::builder().capacity(100).on_shed(default_response).build();
 /// ```
 pub fn default_response(o: &Overloaded) -> Response<Bytes> {
@@ -60,7 +60,7 @@ impl Overloaded {
     /// A one-line explanation for bodies and `grpc-message`.
     ///
     /// ```
-    /// use tower_ratelimit::shed::LoadShedLayer;
+    /// use tower_ratelimit::LoadShedLayer;
     /// let layer = LoadShedLayer::builder()
     ///     .capacity(100)
     ///     .on_shed(|o| http::Response::new(bytes::Bytes::from(o.detail())))

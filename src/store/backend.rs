@@ -6,7 +6,7 @@ use super::slots::{Acquire, Occupancy, Release};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::Policy;
 
 /// Where limiter state lives. One call per decision; each call is atomic.
 ///
@@ -15,7 +15,7 @@ use crate::quota::Policy;
 /// `timeout` or with [`StoreError::Timeout`]. The layers also bound every
 /// call themselves, so a store that never answers cannot hang a request.
 ///
-/// A store that keeps concurrency slots ([`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer))
+/// A store that keeps concurrency slots ([`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer))
 /// implements [`acquire`](Store::acquire) and [`release`](Store::release)
 /// and says so with [`keeps_slots`](Store::keeps_slots); the built-in
 /// stores all do.
@@ -113,7 +113,7 @@ pub trait Store: Send + Sync + 'static {
     /// store, or two Redis stores of one database and key prefix). A layer
     /// refuses to be built when a different limiter of the same name lives
     /// on the same identity in this process (see
-    /// [`Builder::name`](crate::Builder::name)). Defaults to `None`: no check.
+    /// [`Builder::name`](crate::builder::Builder::name)). Defaults to `None`: no check.
     fn identity(&self) -> Option<String> {
         None
     }

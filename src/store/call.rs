@@ -4,7 +4,7 @@
 use crate::algorithm::{self, Settled};
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::quota::{Policy, Quota};
+use crate::{Policy, Quota};
 use std::time::Duration;
 
 /// The limiter a call belongs to: one store can serve several layers, each in
@@ -61,7 +61,7 @@ pub struct Charge<'a> {
     /// the call waits for the store (queued behind calls the store fails to
     /// answer, connecting, and the call itself), never the time it waits for
     /// the application's own runtime or behind calls the store answers; the
-    /// layer bounds the whole wait too (see [`Store`]).
+    /// layer bounds the whole wait too (see [`Store`](crate::store::Store)).
     pub timeout: Duration,
 }
 

@@ -1,109 +1,5 @@
-//! Coordinated mode: fleet-wide limits with no store call on the request
-//! path, as a [`Store`] that answers in this process and syncs with the
-//! fleet in the background (feature `coordinated`).
-//!
-//! Every sync interval, at a point in the middle half of the interval (on
-//! the wall clock every instance shares, chosen at random per instance), a
-//! background task reports what this instance was offered and what it
-//! admitted into Redis counters, one pair per key and interval (the
-//! interval the requests arrived in), and reads back the fleet's counts for
-//! the interval before the last, which every instance reported at least
-//! half an interval earlier. From the offered counts each instance learns
-//! its **share** of the key's traffic, and so its share of the limit:
-//!
-//! ```text
-//! allowance = correction × limit × (own offered ÷ fleet offered)
-//! ```
-//!
-//! The shares of all instances add up to one whatever the counts are, so
-//! noise in them does not turn into overshoot. But an instance whose load
-//! is under its share for a moment cannot lend the rest to one that is
-//! over it, so where each instance's load wobbles around its share (a
-//! random balancer, bursty clients) allowances adding up to the limit
-//! admit less than it. The admitted counts measure that **shortfall**: the
-//! fleet's offered units (at most the limit) minus what it admitted. Each
-//! sync hands a quarter of it back through the key's **correction**, a
-//! factor on the allowance that rises while the fleet admits less than it
-//! should and falls when it admits more. It stays between 1 (the
-//! uncorrected allowances are the floor) and 1.2: over a surge's first two
-//! intervals, met with the allowances from before it and full budgets,
-//! the fleet admits at most 1.5 times the limit with the default burst.
-//!
-//! Between syncs, each instance holds its admissions to its allowance with
-//! a local budget that refills at that rate and holds half a sync interval
-//! of it (see [`CoordinatedBuilder::burst`]): a surge is met the moment it
-//! reaches an instance, and when it ends the instance admits again at once,
-//! with no ratio left to decay. An instance with no share yet (it just
-//! joined, or the key is new to it) drops at random with the fleet-wide
-//! ratio `(fleet − limit) ÷ fleet` instead.
-//!
-//! ```no_run
-//! # fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::num::NonZeroU32;
-//! use std::time::Duration;
-//! use tower_ratelimit::store::{Coordinated, RedisStore};
-//! use tower_ratelimit::{Quota, RateLimitLayer};
-//! let coordinated = Coordinated::builder(RedisStore::new("redis://10.0.0.5")?)
-//!     .sync_interval(Duration::from_secs(1))
-//!     .build()?;
-//! let layer = RateLimitLayer::builder()
-//!     .quota(Quota::per_second(NonZeroU32::new(10_000).unwrap()))
-//!     .store(coordinated)
-//!     .build()?;
-//! # Ok(()) }
-//! ```
-//!
-//! # What moves the shares
-//!
-//! Shares come from counts one to two intervals old, which is right while
-//! the balancer keeps spreading load the way it did:
-//! - an **uneven balancer** is no problem: each instance's share is what it
-//!   really receives;
-//! - a **spike at one instance** is held to that instance's old share, so
-//!   the fleet stays at the limit and that instance's clients see the drops,
-//!   until the next counts give it the larger share (two intervals);
-//! - an instance that **joins** drops with the fleet-wide ratio until it has
-//!   a share; one that **leaves** takes its share with it, so the others
-//!   admit a little less than the limit for two intervals;
-//! - a key **new to the fleet** is admitted in full for its first two to
-//!   three intervals, until its first counts are read.
-//!
-//! The limit holds on average, not per request: `examples/simulate.rs`
-//! measures surges, low rates and balancers (figures in the repository's
-//! `docs/performance.md`).
-//!
-//! # What it counts
-//!
-//! It counts requests: a quota in another unit (tokens, bytes) is settled
-//! after the response, which this mode cannot do, so a fixed policy with one
-//! is refused when the layer is built, and one chosen per request is left
-//! open. A settlement or refund changes nothing (it counts offered load),
-//! and a status read shows what the last sync learned.
-//!
-//! # Redis load
-//!
-//! Each sync sends four commands per key the instance saw lately (two
-//! `HINCRBY`, of the offered and the admitted count, and a `PEXPIRE` into
-//! the interval's hash; an `HMGET` of the interval read), in one round
-//! trip per Redis node, whatever the request rate:
-//!
-//! ```text
-//! commands per second = 4 × instances × active keys per instance ÷ interval
-//! ```
-//!
-//! With many instances and keys, spread the counters over a Cluster
-//! (`RedisStore::cluster`) or shards ([`Coordinated::sharded`]), or
-//! lengthen the interval. Every instance also holds connections to every
-//! node: with thousands of instances, raise Redis's `maxclients`.
-//!
-//! If a node does not answer, only its keys keep their last shares, until
-//! the staleness bound (default three intervals); then their charges fail
-//! ([`StoreError::Unavailable`]) and the layer's failure policy answers them
-//! (by default admitted without headers, counted in
-//! `ratelimit_store_failure_decisions_total{action="open"}`). After an
-//! outage the counts of its intervals are partial, so shares take a few
-//! intervals to settle. A failed sync counts in
-//! `ratelimit_coordinated_sync_failures_total`.
+//! The coordinated mode: [`Coordinated`], a store that decides in this
+//! process and syncs with the fleet in the background.
 
 use super::call::{Charge, Namespace, Settle};
 use super::future::StoreFuture;
@@ -113,10 +9,11 @@ use super::Store;
 use crate::bounded::{self, Bounded};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, QuotaStatus};
+use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::periodic::Periodic;
-use crate::quota::{Policy, Quota};
+use crate::{Policy, Quota};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -125,9 +22,115 @@ use tokio::time::Instant;
 
 /// The coordinated mode's store: decides in this process, holding each key
 /// to this instance's share of its limit, and syncs counts with the fleet
-/// through Redis in the background (see the [module](self)). Clones share
-/// one state; one store serves any number of layers, each in its own
-/// namespace.
+/// through Redis in the background. Clones share one state; one store
+/// serves any number of layers, each in its own namespace.
+///
+/// Coordinated mode: fleet-wide limits with no store call on the request
+/// path, as a [`Store`] that answers in this process and syncs with the
+/// fleet in the background (feature `coordinated`).
+///
+/// Every sync interval, at a point in the middle half of the interval (on
+/// the wall clock every instance shares, chosen at random per instance), a
+/// background task reports what this instance was offered and what it
+/// admitted into Redis counters, one pair per key and interval (the
+/// interval the requests arrived in), and reads back the fleet's counts for
+/// the interval before the last, which every instance reported at least
+/// half an interval earlier. From the offered counts each instance learns
+/// its **share** of the key's traffic, and so its share of the limit:
+///
+/// ```text
+/// allowance = correction × limit × (own offered ÷ fleet offered)
+/// ```
+///
+/// The shares of all instances add up to one whatever the counts are, so
+/// noise in them does not turn into overshoot. But an instance whose load
+/// is under its share for a moment cannot lend the rest to one that is
+/// over it, so where each instance's load wobbles around its share (a
+/// random balancer, bursty clients) allowances adding up to the limit
+/// admit less than it. The admitted counts measure that **shortfall**: the
+/// fleet's offered units (at most the limit) minus what it admitted. Each
+/// sync hands a quarter of it back through the key's **correction**, a
+/// factor on the allowance that rises while the fleet admits less than it
+/// should and falls when it admits more. It stays between 1 (the
+/// uncorrected allowances are the floor) and 1.2: over a surge's first two
+/// intervals, met with the allowances from before it and full budgets,
+/// the fleet admits at most 1.5 times the limit with the default burst.
+///
+/// Between syncs, each instance holds its admissions to its allowance with
+/// a local budget that refills at that rate and holds half a sync interval
+/// of it (see [`CoordinatedBuilder::burst`]): a surge is met the moment it
+/// reaches an instance, and when it ends the instance admits again at once,
+/// with no ratio left to decay. An instance with no share yet (it just
+/// joined, or the key is new to it) drops at random with the fleet-wide
+/// ratio `(fleet − limit) ÷ fleet` instead.
+///
+/// ```no_run
+/// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use tower_ratelimit::store::{Coordinated, RedisStore};
+/// use tower_ratelimit::{Quota, RateLimitLayer};
+/// let coordinated = Coordinated::builder(RedisStore::new("redis://10.0.0.5")?)
+///     .sync_interval(Duration::from_secs(1))
+///     .build()?;
+/// let layer = RateLimitLayer::builder()
+///     .quota(Quota::per_second(NonZeroU32::new(10_000).unwrap()))
+///     .store(coordinated)
+///     .build()?;
+/// # Ok(()) }
+/// ```
+///
+/// # What moves the shares
+///
+/// Shares come from counts one to two intervals old, which is right while
+/// the balancer keeps spreading load the way it did:
+/// - an **uneven balancer** is no problem: each instance's share is what it
+///   really receives;
+/// - a **spike at one instance** is held to that instance's old share, so
+///   the fleet stays at the limit and that instance's clients see the drops,
+///   until the next counts give it the larger share (two intervals);
+/// - an instance that **joins** drops with the fleet-wide ratio until it has
+///   a share; one that **leaves** takes its share with it, so the others
+///   admit a little less than the limit for two intervals;
+/// - a key **new to the fleet** is admitted in full for its first two to
+///   three intervals, until its first counts are read.
+///
+/// The limit holds on average, not per request: `examples/simulate.rs`
+/// measures surges, low rates and balancers (figures in the repository's
+/// `docs/performance.md`).
+///
+/// # What it counts
+///
+/// It counts requests: a quota in another unit (tokens, bytes) is settled
+/// after the response, which this mode cannot do, so a fixed policy with one
+/// is refused when the layer is built, and one chosen per request is left
+/// open. A settlement or refund changes nothing (it counts offered load),
+/// and a status read shows what the last sync learned.
+///
+/// # Redis load
+///
+/// Each sync sends four commands per key the instance saw lately (two
+/// `HINCRBY`, of the offered and the admitted count, and a `PEXPIRE` into
+/// the interval's hash; an `HMGET` of the interval read), in one round
+/// trip per Redis node, whatever the request rate:
+///
+/// ```text
+/// commands per second = 4 × instances × active keys per instance ÷ interval
+/// ```
+///
+/// With many instances and keys, spread the counters over a Cluster
+/// (`RedisStore::cluster`) or shards ([`Coordinated::sharded`]), or
+/// lengthen the interval. Every instance also holds connections to every
+/// node: with thousands of instances, raise Redis's `maxclients`.
+///
+/// If a node does not answer, only its keys keep their last shares, until
+/// the staleness bound (default three intervals); then their charges fail
+/// ([`StoreError::Unavailable`]) and the layer's failure policy answers them
+/// (by default admitted without headers, counted in
+/// `ratelimit_store_failure_decisions_total{action="open"}`). After an
+/// outage the counts of its intervals are partial, so shares take a few
+/// intervals to settle. A failed sync counts in
+/// `ratelimit_coordinated_sync_failures_total`.
 #[derive(Clone)]
 pub struct Coordinated {
     inner: Arc<Shared>,
@@ -363,6 +366,7 @@ impl CoordinatedBuilder {
     pub fn build(self) -> Result<Coordinated, ConfigError> {
         if self.interval.is_zero() {
             return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
                 "the coordinated sync interval must be above zero",
             ));
         }
@@ -370,6 +374,7 @@ impl CoordinatedBuilder {
             Counters::One(store) => vec![store.clone()],
             Counters::Sharded(sharded) => sharded.redis_shards().ok_or_else(|| {
                 ConfigError::new(
+                    ConfigErrorKind::Conflict,
                     "the coordinated mode keeps its counters in Redis: every shard of its \
                      sharded store must be a Redis store (ShardedStoreBuilder::shard)",
                 )
@@ -442,6 +447,7 @@ impl Store for Coordinated {
     fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
         if policy.quotas().iter().any(|q| !q.counts_requests()) {
             return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
                 "the coordinated mode counts requests: a quota in another unit (tokens, \
                  bytes) is settled in the store, so limit it with a layer of another store",
             ));

@@ -10,7 +10,7 @@ use crate::bounded::{self, Bounded};
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::quota::Quota;
+use crate::Quota;
 use smallvec::SmallVec;
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -34,6 +34,7 @@ pub(crate) use self::redis::{SharedTable, TableRead, TableWrite};
 #[cfg(all(fuzzing, feature = "redis"))]
 #[doc(hidden)]
 pub use self::redis::fuzzing;
+pub use crate::slots::DEFAULT_LEASE;
 pub use backend::Store;
 pub use call::{Charge, Namespace, Settle};
 #[cfg(feature = "coordinated")]

@@ -53,6 +53,7 @@ use super::call::{Charge, Namespace, Settle};
 use super::future::StoreFuture;
 use super::slots::{Acquire, Occupancy, Release};
 use crate::decision::Decision;
+use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use sha2::{Digest, Sha256};
@@ -155,18 +156,27 @@ impl ShardedStoreBuilder {
     /// Checks the shards (at least one; names non-empty and distinct) and builds the store.
     pub fn build(self) -> Result<ShardedStore, ConfigError> {
         if self.shards.is_empty() {
-            return Err(ConfigError::new("a sharded store needs at least one shard"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Missing,
+                "a sharded store needs at least one shard",
+            ));
         }
         let mut names: Vec<&str> = self.shards.iter().map(|s| s.name.as_str()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(ConfigError::new(format!(
-                "shard {:?} is configured twice: each shard needs a distinct name",
-                w[0]
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
+                format!(
+                    "shard {:?} is configured twice: each shard needs a distinct name",
+                    w[0]
+                ),
+            ));
         }
         if names.first().is_some_and(|n| n.is_empty()) {
-            return Err(ConfigError::new("a shard name must not be empty"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                "a shard name must not be empty",
+            ));
         }
         let shards: Box<[Shard]> = self.shards.into();
         let mut domains = 0;
@@ -327,7 +337,7 @@ impl Store for ShardedStore {
     }
 
     /// Refused when any shard refuses it.
-    fn check_policy(&self, policy: &crate::quota::Policy) -> Result<(), crate::error::ConfigError> {
+    fn check_policy(&self, policy: &crate::Policy) -> Result<(), crate::error::ConfigError> {
         self.inner
             .shards
             .iter()

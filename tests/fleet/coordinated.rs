@@ -373,7 +373,7 @@ async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refu
         .key(Constant::new("api"))
         .store(coordinated())
         .clock(clock.clone())
-        .headers(tower_ratelimit::HeaderStyle::Ietf)
+        .headers(tower_ratelimit::headers::HeaderStyle::Ietf)
         .build()
         .unwrap();
     let res = layer

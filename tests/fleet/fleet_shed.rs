@@ -26,10 +26,10 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
+use tower_ratelimit::failure::OnStoreError;
 use tower_ratelimit::key::Key;
-use tower_ratelimit::shed::{LoadShedLayer, Priority};
 use tower_ratelimit::store::{Namespace, RedisStore};
-use tower_ratelimit::OnStoreError;
+use tower_ratelimit::{shed::Priority, LoadShedLayer};
 
 /// Requests in flight in the handler, by class, with high-water marks; a
 /// signal per request entering; a gate the test opens.
@@ -79,11 +79,7 @@ fn slot(class: Priority) -> usize {
     Priority::ALL.iter().position(|p| *p == class).unwrap()
 }
 
-fn fleet_layer(
-    name: &str,
-    url: &str,
-    capacity: u64,
-) -> tower_ratelimit::shed::LoadShedLayerBuilder {
+fn fleet_layer(name: &str, url: &str, capacity: u64) -> tower_ratelimit::LoadShedLayerBuilder {
     LoadShedLayer::builder()
         .name(name)
         .fleet_capacity(capacity)

@@ -59,7 +59,7 @@ async fn call<S>(svc: &mut S, tenant: &str) -> (StatusCode, String)
 where
     S: Service<
         Request<Empty<Bytes>>,
-        Response = Response<tower_ratelimit::ResponseBody<Empty<Bytes>>>,
+        Response = Response<tower_ratelimit::body::ResponseBody<Empty<Bytes>>>,
     >,
     S::Error: std::fmt::Debug,
 {

@@ -22,8 +22,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
-use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
-use tower_ratelimit::shed::{Adaptive, LoadShedLayer, Priority};
+use tower_ratelimit::ConcurrencyLimitLayer;
+use tower_ratelimit::{adaptive::Adaptive, shed::Priority, LoadShedLayer};
 
 const SECONDS: u64 = 20;
 const SERVICE: Duration = Duration::from_millis(10);

@@ -29,10 +29,10 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
-use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{Acquire, MemoryStore, Namespace, RedisStore, Release, SlotId, Store};
-use tower_ratelimit::{HeaderStyle, OnStoreError, Quota, RateLimitLayer};
+use tower_ratelimit::ConcurrencyLimitLayer;
+use tower_ratelimit::{failure::OnStoreError, headers::HeaderStyle, Quota, RateLimitLayer};
 
 const NAME: &str = "concurrency";
 
@@ -814,7 +814,7 @@ async fn grpc_calls_are_answered_with_grpc_statuses_and_a_streaming_call_holds_i
     use tonic::Code;
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     use tonic_types::StatusExt;
-    use tower_ratelimit::shed::{LoadShedLayer, Priority};
+    use tower_ratelimit::{shed::Priority, LoadShedLayer};
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter

@@ -16,7 +16,7 @@ use tonic_types::StatusExt;
 use tower_ratelimit::clock::ManualClock;
 use tower_ratelimit::key::{ApiKey, GrpcMethod, Header, KeyExtractorExt, PeerIp};
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{grpc, OnStoreError, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::{failure::OnStoreError, grpc, Policy, Quota, RateLimitLayer};
 
 const T0: u64 = 1_800_000_000_000;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_ratelimit::clock::ManualClock;
 use tower_ratelimit::key::{ClientIp, Global, Header, Key, KeyExtractorExt, PeerIp};
-use tower_ratelimit::{HeaderStyle, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::{headers::HeaderStyle, Policy, Quota, RateLimitLayer};
 
 /// A time in the middle of a second, so second boundaries are crossed inside a window.
 const T0: u64 = 1_700_000_000_400;
@@ -746,7 +746,7 @@ impl tower_ratelimit::store::Store for SpentStore {
         &self,
         _: &tower_ratelimit::store::Charge<'_>,
     ) -> tower_ratelimit::store::StoreFuture<
-        Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>,
+        Result<tower_ratelimit::decision::Decision, tower_ratelimit::StoreError>,
     > {
         spent(Err(tower_ratelimit::StoreError::CircuitOpen))
     }
@@ -760,7 +760,7 @@ impl tower_ratelimit::store::Store for SpentStore {
         &self,
         _: &tower_ratelimit::store::Charge<'_>,
     ) -> tower_ratelimit::store::StoreFuture<
-        Result<tower_ratelimit::Decision, tower_ratelimit::StoreError>,
+        Result<tower_ratelimit::decision::Decision, tower_ratelimit::StoreError>,
     > {
         spent(Err(tower_ratelimit::StoreError::CircuitOpen))
     }
@@ -895,7 +895,7 @@ async fn over_http_1_a_grpc_content_type_gets_plain_answers_and_every_answer_is_
     assert_eq!(res.headers()["cache-control"], "no-store");
 
     let concurrency = post().layer(
-        tower_ratelimit::concurrency::ConcurrencyLimitLayer::builder()
+        tower_ratelimit::ConcurrencyLimitLayer::builder()
             .limit(1)
             .build()
             .unwrap(),
@@ -907,7 +907,7 @@ async fn over_http_1_a_grpc_content_type_gets_plain_answers_and_every_answer_is_
     drop(held);
 
     let shed = post().layer(
-        tower_ratelimit::shed::LoadShedLayer::builder()
+        tower_ratelimit::LoadShedLayer::builder()
             .capacity(10)
             .build()
             .unwrap(),
@@ -926,7 +926,7 @@ async fn over_http_1_a_grpc_content_type_gets_plain_answers_and_every_answer_is_
 /// What a handler reads of its request's charge: each quota's limit and
 /// remaining, as the headers report them; nothing for an exempt request.
 async fn remaining_seen(req: http::Request<axum::body::Body>) -> String {
-    match req.extensions().get::<tower_ratelimit::Status>() {
+    match req.extensions().get::<tower_ratelimit::rate::Status>() {
         Some(s) => s
             .decision
             .statuses()

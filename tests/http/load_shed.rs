@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
-use tower_ratelimit::shed::{LoadShedLayer, Priority};
+use tower_ratelimit::{shed::Priority, LoadShedLayer};
 
 /// A handler that signals when it starts and waits for the test's permit.
 fn app(entered: mpsc::UnboundedSender<()>, gate: Arc<Semaphore>) -> Router {

@@ -24,7 +24,9 @@ use std::time::Duration;
 use tower::{Layer, ServiceExt};
 use tower_ratelimit::clock::ManualClock;
 use tower_ratelimit::key::Global;
-use tower_ratelimit::{Dropped, HeaderStyle, Quota, RateLimitLayer, RateLimitLayerBuilder, Usage};
+use tower_ratelimit::{
+    headers::HeaderStyle, rate::Dropped, rate::Usage, Quota, RateLimitLayer, RateLimitLayerBuilder,
+};
 
 const T0: u64 = 1_700_000_040_000;
 

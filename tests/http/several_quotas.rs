@@ -14,7 +14,8 @@ use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, RedisStore, Store};
 use tower_ratelimit::{
-    Algorithm, DenyCache, HeaderStyle, OnStoreError, Policy, Quota, RateLimitLayer,
+    failure::OnStoreError, headers::HeaderStyle, rate::DenyCache, Algorithm, Policy, Quota,
+    RateLimitLayer,
 };
 
 fn policy() -> Policy {

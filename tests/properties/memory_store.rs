@@ -5,7 +5,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::time::Duration;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Settle, Store};
-use tower_ratelimit::{Decision, Policy, Quota};
+use tower_ratelimit::{decision::Decision, Policy, Quota};
 
 fn charge(store: &MemoryStore, ns: &Namespace, key: Key, policy: &Policy, now_ms: u64) -> Decision {
     store

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tower_ratelimit::clock::{Clock, SystemClock};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, RedisStore, Settle, Store};
-use tower_ratelimit::{Algorithm, Decision, Policy, Quota, QuotaStatus};
+use tower_ratelimit::{decision::Decision, decision::QuotaStatus, Algorithm, Policy, Quota};
 
 /// One request: `gap` ms after the previous one, asking for `cost`; settled
 /// if `refund` is set, that many steps later (0: at once). With no `actual`

@@ -10,7 +10,7 @@
 use std::time::Duration;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Store};
-use tower_ratelimit::{Algorithm, Decision, Policy, Quota};
+use tower_ratelimit::{decision::Decision, Algorithm, Policy, Quota};
 
 const LIMIT: u64 = 1_000;
 const WINDOW: u64 = 60_000;

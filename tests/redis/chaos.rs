@@ -24,7 +24,7 @@ use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::Header;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{CircuitBreaker, OnStoreError, Quota, RateLimitLayer};
+use tower_ratelimit::{failure::CircuitBreaker, failure::OnStoreError, Quota, RateLimitLayer};
 
 const LAYERS: usize = 4;
 const LOAD_TASKS: usize = 8;

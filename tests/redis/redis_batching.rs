@@ -16,7 +16,7 @@ use std::time::Duration;
 use tower_ratelimit::clock::{Clock, SystemClock};
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, Namespace, RedisStore, Store, StoreFuture};
-use tower_ratelimit::{Algorithm, Decision, Policy, Quota, StoreError};
+use tower_ratelimit::{decision::Decision, Algorithm, Policy, Quota, StoreError};
 
 fn fixed(limit: u64) -> Policy {
     Policy::new(Quota::new(limit, Duration::from_secs(60)).unwrap())

@@ -14,7 +14,9 @@ use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{Namespace, RedisStore};
-use tower_ratelimit::{Algorithm, DenyCache, OnStoreError, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::{
+    failure::OnStoreError, rate::DenyCache, Algorithm, Policy, Quota, RateLimitLayer,
+};
 
 fn store(urls: &[String]) -> RedisStore {
     RedisStore::cluster_builder(urls.iter().cloned())

@@ -18,7 +18,8 @@ use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{Charge, Namespace, RedisStore, Settle, Store, StoreFuture};
 use tower_ratelimit::{
-    CircuitBreaker, Decision, DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError,
+    decision::Decision, failure::CircuitBreaker, failure::OnStoreError, rate::DenyCache, Policy,
+    Quota, RateLimitLayer, StoreError,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(100);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_ratelimit::key::Header;
 use tower_ratelimit::store::RedisStore;
-use tower_ratelimit::{HeaderStyle, OnStoreError, Quota, RateLimitLayer};
+use tower_ratelimit::{failure::OnStoreError, headers::HeaderStyle, Quota, RateLimitLayer};
 
 const CLIENTS: usize = 10;
 const PER_CLIENT: usize = 300;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tower::ServiceExt;
 use tower_ratelimit::key::Header;
 use tower_ratelimit::store::{RedisStore, RedisStoreBuilder};
-use tower_ratelimit::{CircuitBreaker, OnStoreError, Quota, RateLimitLayer};
+use tower_ratelimit::{failure::CircuitBreaker, failure::OnStoreError, Quota, RateLimitLayer};
 
 /// The data nodes' ACL user: the harness keeps the default user open for
 /// its own commands, and `CLIENT LIST` shows which user each connection is.

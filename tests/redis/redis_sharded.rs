@@ -14,7 +14,9 @@ use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{Charge, Namespace, RedisStore, ShardedStore, Store};
-use tower_ratelimit::{CircuitBreaker, DenyCache, OnStoreError, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::{
+    failure::CircuitBreaker, failure::OnStoreError, rate::DenyCache, Policy, Quota, RateLimitLayer,
+};
 
 /// Generous: a dead shard refuses connections at once, and a loaded test
 /// machine must not turn a slow reply into a failure.

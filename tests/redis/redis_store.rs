@@ -15,7 +15,9 @@ use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{
     Charge, EvictionCheck, Namespace, RedisStore, Settle, Store, TimeSource,
 };
-use tower_ratelimit::{DenyCache, OnStoreError, Policy, Quota, RateLimitLayer, StoreError};
+use tower_ratelimit::{
+    failure::OnStoreError, rate::DenyCache, Policy, Quota, RateLimitLayer, StoreError,
+};
 
 fn layer(store: RedisStore, limit: u64, window: Duration, clock: &ManualClock) -> RateLimitLayer {
     RateLimitLayer::builder()

@@ -17,7 +17,9 @@ use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
 use tower_ratelimit::store::{Charge, Namespace, RedisStore, RedisStoreBuilder, Store};
-use tower_ratelimit::{CircuitBreaker, OnStoreError, Policy, Quota, RateLimitLayer, StoreError};
+use tower_ratelimit::{
+    failure::CircuitBreaker, failure::OnStoreError, Policy, Quota, RateLimitLayer, StoreError,
+};
 
 fn hourly(limit: u32) -> Policy {
     Policy::new(Quota::per_hour(NonZeroU32::new(limit).unwrap()))
@@ -57,7 +59,7 @@ async fn send(app: &Router, client: &str) -> StatusCode {
 }
 
 /// One charge straight on the store.
-async fn charge(store: &RedisStore) -> Result<tower_ratelimit::Decision, StoreError> {
+async fn charge(store: &RedisStore) -> Result<tower_ratelimit::decision::Decision, StoreError> {
     store
         .charge(&Charge {
             namespace: &Namespace::new("tls"),

@@ -21,14 +21,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
-use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::key::{
     ApiKey, ClientIp, Constant, Header, Key, KeyExtractorExt, MatchedRoute,
 };
 use tower_ratelimit::rate::SharedLimits;
-use tower_ratelimit::shed::{LoadShedLayer, Priority};
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, RedisStore, Settle, Store};
-use tower_ratelimit::{Algorithm, DenyCache, OnStoreError, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::ConcurrencyLimitLayer;
+use tower_ratelimit::{
+    failure::OnStoreError, rate::DenyCache, Algorithm, Policy, Quota, RateLimitLayer,
+};
+use tower_ratelimit::{shed::Priority, LoadShedLayer};
 
 /// The five algorithms, each as a quota of 10 per second.
 fn ten_per_second() -> Vec<Quota> {

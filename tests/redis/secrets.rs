@@ -8,9 +8,9 @@ use crate::support::redis as redis_support;
 use std::num::NonZeroU32;
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, SystemClock};
-use tower_ratelimit::concurrency::ConcurrencyLimitLayer;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, Coordinated, Namespace, RedisStore, ShardedStore, Store};
+use tower_ratelimit::ConcurrencyLimitLayer;
 use tower_ratelimit::{Policy, Quota, RateLimitLayer};
 
 const SECRET: &str = "pa55-w0rd-xyz";

@@ -5,7 +5,7 @@
 use std::time::Duration;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, Namespace, Settle, Store};
-use tower_ratelimit::{Algorithm, Decision, Policy, Quota};
+use tower_ratelimit::{decision::Decision, Algorithm, Policy, Quota};
 
 /// One step: at `t` ms after the start, `key` asks for `cost`; per quota the
 /// expected (remaining, reset offset from start, retry-after ms).

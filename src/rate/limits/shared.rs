@@ -9,10 +9,11 @@
 //! read again whatever this instance had installed.
 
 use super::{Change, Snapshot, Table};
+use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
 use crate::periodic::Periodic;
-use crate::quota::Policy;
 use crate::store::{Namespace, RedisStore, SharedTable, TableRead, TableWrite};
+use crate::Policy;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -76,18 +77,23 @@ impl SharedLimits {
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         if !SharedTable::supported(&self.store) {
             return Err(ConfigError::new(
+                ConfigErrorKind::Conflict,
                 "shared limits live on one Redis primary: a Redis Cluster is not supported \
                  (use a RedisStore with one primary, replicas or Sentinel)",
             ));
         }
         if self.poll < Duration::from_millis(10) {
-            return Err(ConfigError::new(format!(
-                "the shared limits' poll interval must be at least 10ms, got {:?}",
-                self.poll
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                format!(
+                    "the shared limits' poll interval must be at least 10ms, got {:?}",
+                    self.poll
+                ),
+            ));
         }
         if self.timeout.is_zero() {
             return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
                 "the shared limits' timeout must be above zero",
             ));
         }

@@ -7,7 +7,7 @@ use super::reply;
 use super::scripts;
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::quota::Policy;
+use crate::Policy;
 use redis::{Cmd, FromRedisValue, Script, Value};
 use smallvec::SmallVec;
 use std::time::Duration;
@@ -203,7 +203,7 @@ pub(crate) fn response_error(message: String) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::Quota;
+    use crate::Quota;
     use redis::Arg;
 
     fn job(key: &str, policy: &Policy) -> Job {

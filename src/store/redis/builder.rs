@@ -7,7 +7,7 @@ use super::lane::Lanes;
 use super::node::{self, Node, Settings, Tls};
 use super::store::{Inner, Primary, RedisStore, TimeSource};
 use super::url::Redacted;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrorKind};
 use redis::{ConnectionAddr, ConnectionInfo};
 use std::fmt;
 use std::sync::atomic::AtomicUsize;
@@ -91,7 +91,7 @@ impl fmt::Debug for RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// Adds a replica that serves [`Store::status`] reads (repeatable). Replicas
+    /// Adds a replica that serves [`Store::status`](crate::store::Store::status) reads (repeatable). Replicas
     /// lag and do not expire keys themselves; stale windows are discarded. A
     /// read the replica fails is answered by the primary.
     ///
@@ -127,7 +127,7 @@ impl RedisStoreBuilder {
     /// the round trip to Redis is long compared with the time Redis takes to
     /// run a batch (a distant Redis). Each connection queues at most 4,096
     /// charges; past that, a charge fails at once with
-    /// [`StoreError::Backlog`] (answered `503` as an overload, never
+    /// [`StoreError::Backlog`](crate::StoreError::Backlog) (answered `503` as an overload, never
     /// admitted without limit, and not counted by the breaker) instead of
     /// piling up. An instance that gets there asks more of Redis than one
     /// connection answers: add connections, or shed load before the limiter
@@ -328,13 +328,19 @@ impl RedisStoreBuilder {
                 .bytes()
                 .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
         {
-            return Err(ConfigError::new(format!(
-                "redis key prefix {:?} must be 1 to 64 printable characters without braces",
-                self.prefix
-            )));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                format!(
+                    "redis key prefix {:?} must be 1 to 64 printable characters without braces",
+                    self.prefix
+                ),
+            ));
         }
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
-            return Err(ConfigError::new("redis timeouts must be above zero"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                "redis timeouts must be above zero",
+            ));
         }
         let settings = Settings {
             connect_timeout: self.connect_timeout,
@@ -355,12 +361,15 @@ impl RedisStoreBuilder {
             #[cfg(feature = "cluster")]
             Target::Cluster(urls) => {
                 if !self.replicas.is_empty() {
-                    return Err(ConfigError::new(
+                    return Err(ConfigError::new(ConfigErrorKind::Conflict,
                         "a Redis Cluster finds its replicas itself: `replica` is for a standalone primary",
                     ));
                 }
                 let first = urls.first().ok_or_else(|| {
-                    ConfigError::new("a Redis Cluster needs at least one seed node url")
+                    ConfigError::new(
+                        ConfigErrorKind::Missing,
+                        "a Redis Cluster needs at least one seed node url",
+                    )
                 })?;
                 let name = node_name(&node::connection_info(first, &settings.tls)?);
                 let lane = cluster::ClusterLane::new(urls, &settings, self.eviction)?;
@@ -374,7 +383,7 @@ impl RedisStoreBuilder {
                 nodes,
             } => {
                 if !self.replicas.is_empty() {
-                    return Err(ConfigError::new(
+                    return Err(ConfigError::new(ConfigErrorKind::Conflict,
                         "Sentinel names the replicas itself: `replica` is for a primary given by url",
                     ));
                 }
@@ -419,7 +428,7 @@ mod sentinel {
     use super::node::{self, Node, Settings};
     use super::Redacted;
     use super::SentinelNodes;
-    use crate::error::ConfigError;
+    use crate::error::{ConfigError, ConfigErrorKind};
     use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
     use redis::{ConnectionAddr, TlsMode};
 
@@ -431,11 +440,17 @@ mod sentinel {
         settings: &Settings,
     ) -> Result<[Node; 2], ConfigError> {
         if master.is_empty() {
-            return Err(ConfigError::new("a Sentinel master name must not be empty"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Invalid,
+                "a Sentinel master name must not be empty",
+            ));
         }
-        let first = sentinels
-            .first()
-            .ok_or_else(|| ConfigError::new("Sentinel needs at least one sentinel url"))?;
+        let first = sentinels.first().ok_or_else(|| {
+            ConfigError::new(
+                ConfigErrorKind::Missing,
+                "Sentinel needs at least one sentinel url",
+            )
+        })?;
         let infos = sentinels
             .iter()
             .map(|u| node::connection_info(u, &settings.tls))
@@ -449,6 +464,7 @@ mod sentinel {
         };
         if infos.iter().any(|i| auth(i) != auth(&infos[0])) {
             return Err(ConfigError::new(
+                ConfigErrorKind::Store,
                 "every sentinel url must carry the same user name and password",
             ));
         }
@@ -465,7 +481,12 @@ mod sentinel {
         let build = |role: SentinelServerType| {
             let addrs = infos.iter().map(|i| i.addr().clone());
             let mut b = SentinelClientBuilder::new(addrs, master, role)
-                .map_err(|e| ConfigError::new(format!("sentinel {}: {e}", Redacted(first))))?
+                .map_err(|e| {
+                    ConfigError::new(
+                        ConfigErrorKind::Store,
+                        format!("sentinel {}: {e}", Redacted(first)),
+                    )
+                })?
                 .set_client_to_redis_db(nodes.db)
                 .set_client_to_redis_tcp_settings(node::tcp_settings())
                 .set_client_to_sentinel_tcp_settings(node::tcp_settings());
@@ -506,8 +527,12 @@ mod sentinel {
             }
             #[cfg(not(feature = "tls"))]
             let _ = (sentinel_tls, TlsMode::Secure);
-            b.build()
-                .map_err(|e| ConfigError::new(format!("sentinel {}: {e}", Redacted(first))))
+            b.build().map_err(|e| {
+                ConfigError::new(
+                    ConfigErrorKind::Store,
+                    format!("sentinel {}: {e}", Redacted(first)),
+                )
+            })
         };
         let primary = build(SentinelServerType::Master)?;
         let replicas = build(SentinelServerType::Replica)?;
@@ -648,7 +673,7 @@ impl RedisStore {
     /// (`SCRIPT LOAD` is not replicated). As everywhere in this store, no
     /// call is re-sent after an error that may have let it run: a request is
     /// charged once or, if its call failed, answered per the layer's failure
-    /// policy. [`Store::status`] reads go to a replica Sentinel knows (to the
+    /// policy. [`Store::status`](crate::store::Store::status) reads go to a replica Sentinel knows (to the
     /// primary when there is none).
     ///
     /// The sentinels' user name, password and TLS (`rediss://`) come from

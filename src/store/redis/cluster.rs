@@ -32,6 +32,7 @@ use super::eviction::{self, EvictionCheck};
 use super::lane::Call;
 use super::node::{self, Settings};
 use super::url::Redacted;
+use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
 use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -85,7 +86,10 @@ impl ClusterLane {
             }
         }
         let client = builder.build().map_err(|e| {
-            ConfigError::new(format!("invalid redis cluster urls ({shown}, ...): {e}"))
+            ConfigError::new(
+                ConfigErrorKind::Store,
+                format!("invalid redis cluster urls ({shown}, ...): {e}"),
+            )
         })?;
         Ok(Self {
             client,

@@ -5,8 +5,8 @@ use super::batch::{self, Job};
 use super::keys::HashKey;
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::quota::Policy;
 use crate::store::slots::Occupancy;
+use crate::Policy;
 use redis::Value;
 use std::time::Duration;
 

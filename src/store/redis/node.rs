@@ -4,6 +4,7 @@
 //! the socket, TLS, `AUTH`, `SELECT`, RESP2 or RESP3.
 
 use super::url::Redacted;
+use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
@@ -88,7 +89,12 @@ pub(crate) struct Node {
 pub(crate) fn connection_info(url: &str, tls: &Tls) -> Result<ConnectionInfo, ConfigError> {
     let info = url
         .into_connection_info()
-        .map_err(|e| ConfigError::new(format!("invalid redis url {}: {e}", Redacted(url))))?
+        .map_err(|e| {
+            ConfigError::new(
+                ConfigErrorKind::Store,
+                format!("invalid redis url {}: {e}", Redacted(url)),
+            )
+        })?
         .set_tcp_settings(tcp_settings());
     if let ConnectionAddr::TcpTls {
         host,
@@ -98,12 +104,15 @@ pub(crate) fn connection_info(url: &str, tls: &Tls) -> Result<ConnectionInfo, Co
     } = info.addr().clone()
     {
         if insecure {
-            return Err(ConfigError::new(format!(
-                "redis url {}: `#insecure` turns off certificate verification; call \
+            return Err(ConfigError::new(
+                ConfigErrorKind::Store,
+                format!(
+                    "redis url {}: `#insecure` turns off certificate verification; call \
                  RedisStoreBuilder::danger_accept_invalid_certificates() instead if that is \
                  really meant",
-                Redacted(url)
-            )));
+                    Redacted(url)
+                ),
+            ));
         }
         #[cfg(feature = "tls")]
         if tls.insecure {
@@ -131,7 +140,8 @@ pub(crate) fn tcp_settings() -> TcpSettings {
 
 /// A client for `info`, with the custom CA and client certificate, if any.
 pub(crate) fn client(info: ConnectionInfo, tls: &Tls, shown: &str) -> Result<Client, ConfigError> {
-    let bad = |e: RedisError| ConfigError::new(format!("redis url {shown}: {e}"));
+    let bad =
+        |e: RedisError| ConfigError::new(ConfigErrorKind::Store, format!("redis url {shown}: {e}"));
     #[cfg(feature = "tls")]
     if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
         install_crypto_provider();

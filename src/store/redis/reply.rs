@@ -7,7 +7,7 @@ use crate::algorithm::{
 };
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
-use crate::quota::{Algorithm, Policy, Quota};
+use crate::{Algorithm, Policy, Quota};
 use redis::Cmd;
 use smallvec::SmallVec;
 

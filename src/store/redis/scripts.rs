@@ -8,7 +8,7 @@
 //! script's whole top level (every function definition) on each call, so a
 //! fixed-window batch does not pay for the other four algorithms.
 
-use crate::quota::Algorithm;
+use crate::Algorithm;
 use redis::Script;
 use std::sync::LazyLock;
 
