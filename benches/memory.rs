@@ -73,15 +73,8 @@ impl Ours {
 
     #[inline]
     fn charge(&self, key: &Key, now_ms: u64) -> bool {
-        let call = Charge {
-            namespace: &self.ns,
-            key,
-            policy: &self.policy,
-            cost: 1,
-            units: 1,
-            now_ms,
-            timeout: Duration::from_millis(50),
-        };
+        let call = Charge::new(&self.ns, key, &self.policy, now_ms)
+            .with_timeout(Duration::from_millis(50));
         let decision = self
             .store
             .charge(&call)

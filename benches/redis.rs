@@ -98,15 +98,13 @@ struct Bench {
 
 impl Bench {
     async fn charge(&self, i: usize, now_ms: u64) {
-        let call = Charge {
-            namespace: &self.ns,
-            key: &self.keys[i % self.keys.len()],
-            policy: &self.policy,
-            cost: 1,
-            units: 1,
+        let call = Charge::new(
+            &self.ns,
+            &self.keys[i % self.keys.len()],
+            &self.policy,
             now_ms,
-            timeout: Duration::from_secs(1),
-        };
+        )
+        .with_timeout(Duration::from_secs(1));
         let d = self.store.charge(&call).await.expect("redis answers");
         assert!(d.is_allowed());
     }

@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let minute = Duration::from_secs(60);
     let clock = ManualClock::new(1_700_000_040_000);
     let layer = RateLimitLayer::builder()
-        .policy("100/1m".parse::<Policy>()?)
+        .quota("100/1m".parse::<Policy>()?)
         .key(Header::try_new("x-tenant")?)
         .clock(clock.clone())
         .advisor(Advisor::new().window(minute).windows(args.minutes as usize))

@@ -71,7 +71,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_ratelimit::rate::{Advisor, Limits, LimitsError, SharedLimits};
+use tower_ratelimit::rate::{Advisor, Limits, LimitsError, Settlement, SharedLimits};
 use tower_ratelimit::store::{Coordinated, RedisStore, RedisStoreBuilder, ShardedStore, Store};
 use tower_ratelimit::ConcurrencyLimitLayer;
 use tower_ratelimit::{adaptive::Adaptive, shed::Priority, LoadShedLayer};
@@ -713,9 +713,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             )?;
         }
         let mut builder = RateLimitLayer::builder()
-            .policy(policy)
-            .reserve(|_| 0)
-            .settle(tokens_used)
+            .quota(policy)
+            .settlement(Settlement::new().reserve(|_| 0).from_head(tokens_used))
             .key(common::key_extractor(&args.key)?)
             .headers(header_style)
             .on_store_error(on_store_error)

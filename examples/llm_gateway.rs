@@ -28,8 +28,10 @@ use http::header::HeaderName;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
+use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::ApiKey;
-use tower_ratelimit::{headers::HeaderStyle, rate::Usage, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::rate::{Settlement, Usage};
+use tower_ratelimit::{Policy, Quota, RateLimitLayer};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -116,12 +118,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .with_unit("tokens")?,
     )?;
     let limit = RateLimitLayer::builder()
-        .policy(policy)
+        .quota(policy)
         // Hashed: the key itself is never stored nor logged.
         .key(ApiKey::header(HeaderName::from_static("x-api-key")))
         .headers(HeaderStyle::Ietf)
-        .reserve(|parts| estimate(&parts.headers))
-        .usage_extension()
+        .settlement(
+            Settlement::new()
+                .reserve(|parts| estimate(&parts.headers))
+                .from_usage(),
+        )
         .build()?;
 
     let app = Router::new()

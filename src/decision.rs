@@ -2,7 +2,8 @@
 //!
 //! ```
 //! use tower_ratelimit::decision::{Decision, QuotaStatus};
-//! let hourly = QuotaStatus { limit: 100, remaining: 0, allowed: false, retry_after_ms: 1_500, ..QuotaStatus::default() };
+//! let reset_ms = 1_700_000_001_500;
+//! let hourly = QuotaStatus::refusing(100, 0, reset_ms, 1_500);
 //! let d = Decision::from_statuses([hourly], 1);
 //! assert!(!d.is_allowed());
 //! assert_eq!(d.retry_after_ms(), 1_500);
@@ -13,6 +14,7 @@ use std::num::NonZeroU64;
 
 /// The state of one quota after a decision, as the headers report it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QuotaStatus {
     /// The most units that can be spent at once: the quota's limit, or the
     /// burst of a token bucket or GCRA quota.
@@ -43,6 +45,45 @@ pub struct QuotaStatus {
 }
 
 impl QuotaStatus {
+    /// A quota that admits the request: `remaining` of `limit` left, fully
+    /// available again at `reset_ms` (Unix ms).
+    pub fn admitting(limit: u64, remaining: u64, reset_ms: u64) -> Self {
+        Self {
+            limit,
+            remaining,
+            reset_ms,
+            allowed: true,
+            ..Self::default()
+        }
+    }
+
+    /// A quota that refuses the request, which it would admit in
+    /// `retry_after_ms`.
+    pub fn refusing(limit: u64, remaining: u64, reset_ms: u64, retry_after_ms: u64) -> Self {
+        Self {
+            limit,
+            remaining,
+            reset_ms,
+            retry_after_ms,
+            allowed: false,
+            ..Self::default()
+        }
+    }
+
+    /// This status with the identity of the state charged (see
+    /// [`window_id`](Self::window_id)).
+    pub fn with_window_id(mut self, window_id: u64) -> Self {
+        self.window_id = window_id;
+        self
+    }
+
+    /// This status with the reset it would have had without this charge
+    /// (see [`uncharged_reset_ms`](Self::uncharged_reset_ms); 0 keeps `reset_ms`).
+    pub fn with_uncharged_reset_ms(mut self, reset_ms: u64) -> Self {
+        self.uncharged_reset_ms = NonZeroU64::new(reset_ms);
+        self
+    }
+
     /// Units spent in the current window (`limit - remaining`; 0 when a
     /// store reports more remaining than the limit).
     pub fn used(&self) -> u64 {

@@ -18,10 +18,12 @@
 //! ```
 //! use tower_ratelimit::grpc;
 //! # use std::num::NonZeroU32;
-//! # use tower_ratelimit::{Quota, RateLimitLayer};
+//! # use tower_ratelimit::{rate::Settlement, Quota, RateLimitLayer};
 //! let layer = RateLimitLayer::builder()
 //!     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
-//!     .refund_if(|status, headers| status == 304 || grpc::status_code(headers) == Some(grpc::NOT_FOUND))
+//!     .settlement(Settlement::new().refund_if(|status, headers| {
+//!         status == 304 || grpc::status_code(headers) == Some(grpc::NOT_FOUND)
+//!     }))
 //!     .build()
 //!     .unwrap();
 //! ```

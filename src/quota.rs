@@ -367,9 +367,9 @@ impl Quota {
     /// Whether the quota counts requests, charged the request's
     /// [`cost`](crate::RateLimitLayerBuilder::cost) at its start. A quota in
     /// any other unit is charged the request's
-    /// [`reservation`](crate::RateLimitLayerBuilder::reserve) instead, and
+    /// [`reservation`](crate::rate::Settlement::reserve) instead, and
     /// settled to what the request really cost once that is known
-    /// ([`settle`](crate::RateLimitLayerBuilder::settle)).
+    /// ([`Settlement`](crate::rate::Settlement)).
     pub fn counts_requests(&self) -> bool {
         self.unit.is_none()
     }

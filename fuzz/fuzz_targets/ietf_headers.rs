@@ -61,7 +61,7 @@ fuzz_target!(|input: Input| {
     }
     let clock = ManualClock::new(input.start_ms % (1 << 45));
     let Ok(layer) = RateLimitLayer::builder()
-        .policy(policy.clone())
+        .quota(policy.clone())
         .headers(HeaderStyle::Ietf)
         .clock(clock.clone())
         .cost({

@@ -70,7 +70,7 @@
 //! numbers: GitHub-style headers report the most restrictive limit, and IETF
 //! `RateLimit-Policy`/`RateLimit` list both policies. The rate limiter charged
 //! the request; give it back with
-//! [`refund_if`](crate::RateLimitLayerBuilder::refund_if) if you prefer.
+//! [`Settlement::refund_if`](crate::rate::Settlement::refund_if) if you prefer.
 //!
 //! # Metrics
 //!

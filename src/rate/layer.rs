@@ -9,16 +9,16 @@ use super::limiter::{KeySource, Limiter, PolicySource, RejectionFn, Status, Stat
 use super::limits::{Limits, Table};
 use super::response::{default_rejection, Rejection};
 use super::service::RateLimit;
-use super::settle::Dropped;
+use super::settle::Settlement;
 use crate::builder::Builder;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::failure::{Guard, OnStoreError};
 use crate::key::{Global, Key, KeyError, KeyExtractor};
 use crate::store::{MemoryStore, Namespace};
-use crate::{Policy, Quota};
+use crate::Policy;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Response, StatusCode};
+use http::Response;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -83,13 +83,7 @@ pub struct Settings {
     key: KeySource,
     policy: Option<PolicySource>,
     cost: Option<Arc<super::limiter::CostFn>>,
-    reserve: Option<Arc<super::limiter::CostFn>>,
-    settle: Option<Arc<super::limiter::SettleFn>>,
-    settle_trailers: Option<Arc<super::limiter::TrailersFn>>,
-    body_bytes: bool,
-    usage_extension: bool,
-    dropped: Dropped,
-    refund: Arc<super::limiter::RefundFn>,
+    settlement: Settlement,
     status_extension: bool,
     on_rejection: Arc<RejectionFn>,
     deny_cache: DenyCache,
@@ -117,13 +111,7 @@ impl RateLimitLayer {
                 key: KeySource::Sync(Arc::new(Global)),
                 policy: None,
                 cost: None,
-                reserve: None,
-                settle: None,
-                settle_trailers: None,
-                body_bytes: false,
-                usage_extension: false,
-                dropped: Dropped::Reservation,
-                refund: Arc::new(|status, _| status == StatusCode::NOT_MODIFIED),
+                settlement: Settlement::new(),
                 status_extension: false,
                 on_rejection: Arc::new(default_rejection),
                 deny_cache: DenyCache::new(),
@@ -168,8 +156,8 @@ impl RateLimitLayer {
     /// ```
     ///
     /// The body passes through unwatched, so requests settle at their
-    /// response head: [`settle_trailers`](RateLimitLayerBuilder::settle_trailers)
-    /// and [`settle_body_bytes`](RateLimitLayerBuilder::settle_body_bytes)
+    /// response head: [`from_trailers`](super::Settlement::from_trailers)
+    /// and [`from_body_bytes`](super::Settlement::from_body_bytes)
     /// see nothing here, and a warning says so.
     #[must_use]
     pub fn inner_body(self) -> RateLimitLayer<InnerBody> {
@@ -177,8 +165,9 @@ impl RateLimitLayer {
         if l.settle_trailers.is_some() || l.body_bytes {
             tracing::warn!(
                 limiter = l.namespace.name(),
-                "inner_body passes the response body through unwatched: settle_trailers and \
-                 settle_body_bytes see nothing, and requests settle at their response head"
+                "inner_body passes the response body through unwatched: a settlement from \
+                 the trailers or the body's bytes sees nothing, and requests settle at \
+                 their response head"
             );
         }
         RateLimitLayer {
@@ -323,31 +312,20 @@ impl<M> fmt::Debug for RateLimitLayer<M> {
 }
 
 impl Builder<Settings> {
-    /// One quota for every request.
-    ///
-    /// ```
-    /// # use std::num::NonZeroU32;
-    /// use tower_ratelimit::{Quota, RateLimitLayer};
-    /// let layer = RateLimitLayer::builder()
-    ///     .quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
-    ///     .build()
-    ///     .unwrap();
-    /// ```
-    pub fn quota(self, quota: Quota) -> Self {
-        self.policy(Policy::new(quota))
-    }
-
-    /// Several quotas for every request, charged all or nothing.
+    /// The quota, or the quotas ([`Policy`]), every request is charged
+    /// against, all or nothing.
     ///
     /// ```
     /// # use std::num::NonZeroU32;
     /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
     /// let n = |n| NonZeroU32::new(n).unwrap();
-    /// let policy = Policy::new(Quota::per_second(n(10))).and(Quota::per_hour(n(1000))).unwrap();
-    /// let layer = RateLimitLayer::builder().policy(policy).build().unwrap();
+    /// let one = RateLimitLayer::builder().quota(Quota::per_second(n(10))).build()?;
+    /// let policy = Policy::new(Quota::per_second(n(10))).and(Quota::per_hour(n(1000)))?;
+    /// let both = RateLimitLayer::builder().quota(policy).build()?;
+    /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.kind.policy = Some(PolicySource::Static(policy));
+    pub fn quota(mut self, policy: impl Into<Policy>) -> Self {
+        self.kind.policy = Some(PolicySource::Static(policy.into()));
         self
     }
 
@@ -458,219 +436,28 @@ impl Builder<Settings> {
         self
     }
 
-    /// What a request reserves in each quota of another unit than requests
-    /// (tokens, bytes, query cost; see [`Quota::with_unit`](crate::Quota::with_unit)),
-    /// charged at its start and settled when its real cost is known
-    /// ([`settle`](Self::settle)). Default: the request's
-    /// [`cost`](Self::cost). Quotas counting requests are charged the cost
-    /// and never settled (but a free response, [`refund_if`](Self::refund_if),
-    /// gives everything back).
-    ///
-    /// A reservation only has to be an estimate: a unit quota admits while
-    /// it has anything left, charges the whole reservation, and takes what
-    /// the settlement adds beyond it as debt, paid back before it admits
-    /// again. What the fleet admits beyond such a quota is bounded by the
-    /// settlements in flight when it ran out. Precisely, for a quota of
-    /// limit `L` in one window: the last request admitted saw at most
-    /// `L - 1` spent (settled costs, and the reservations of requests not
-    /// yet settled), so the window is charged at most `L - 1` plus, over
-    /// the requests in flight then (that one included), what each really
-    /// cost beyond its reservation. With reservations of 0 that is `L - 1`
-    /// plus their whole real costs; with
-    /// [`only_while_the_reservation_fits`](crate::Quota::only_while_the_reservation_fits)
-    /// and reservations no smaller than the real costs, at most `L`. A
-    /// settlement that lands after its window ended charges nothing.
+    /// How requests are settled once their cost is known, and which
+    /// responses are free: see [`Settlement`]. By default, quotas of another
+    /// unit than requests are charged the request's [`cost`](Self::cost) and
+    /// never settled, and a `304 Not Modified` is free.
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
-    /// let policy = Policy::new(Quota::new(60, Duration::from_secs(60))?)
-    ///     .and(Quota::new(100_000, Duration::from_secs(60))?.named("tokens")?.with_unit("tokens")?)?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .policy(policy)
-    ///     // An estimate from the prompt's size; the real count comes later.
-    ///     .reserve(|parts| parts.headers.get("content-length")
-    ///         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-    ///         .map_or(0, |bytes| bytes / 4))
-    ///     .settle(|_status, headers| headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
-    ///     .build()?;
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn reserve<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
-    {
-        self.kind.reserve = Some(Arc::new(f));
-        self
-    }
-
-    /// What a request really cost each quota of another unit than requests,
-    /// read from the response head (e.g. a header the handler set), or
-    /// `None` to keep the reservation. The settlement is one atomic store
-    /// call, off the response path, against the same windows and buckets
-    /// the reservation was charged to: below the reservation the rest comes
-    /// back, above it the excess is charged there too (remaining shows 0
-    /// until the window resets or the bucket refills from below zero). A
-    /// settlement after its window ended changes nothing. The headers show
-    /// the settled state. A header is written before the body: for a count
-    /// known only once a streamed body ends, use the trailers
-    /// ([`settle_trailers`](Self::settle_trailers)) or the handler's
-    /// [`Usage`](crate::rate::Usage) ([`usage_extension`](Self::usage_extension)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use tower_ratelimit::{Policy, Quota, RateLimitLayer};
+    /// use tower_ratelimit::rate::Settlement;
+    /// use tower_ratelimit::{Quota, RateLimitLayer};
     /// let tokens = Quota::new(1_000, Duration::from_secs(60))?.named("tokens")?.with_unit("tokens")?;
     /// let layer = RateLimitLayer::builder()
     ///     .quota(tokens)
-    ///     .reserve(|_| 0)
-    ///     .settle(|_status, headers| headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .settlement(
+    ///         Settlement::new()
+    ///             .reserve(|_| 0)
+    ///             .from_head(|_status, headers| headers.get("x-tokens-used")?.to_str().ok()?.parse().ok()),
+    ///     )
     ///     .build()?;
     /// # Ok::<(), tower_ratelimit::ConfigError>(())
     /// ```
-    pub fn settle<F>(mut self, f: F) -> Self
-    where
-        F: Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync + 'static,
-    {
-        self.kind.settle = Some(Arc::new(f));
-        self
-    }
-
-    /// What a request really cost each quota of another unit than requests,
-    /// read from the response's trailers (gRPC, HTTP/2), or `None` to keep
-    /// what is known otherwise: e.g. a usage trailer after a streamed
-    /// completion. The request is then settled when its body ends, not at
-    /// its head, and a trailer's word comes before the head's
-    /// ([`settle`](Self::settle)). Needs the default body mode
-    /// ([`WrapBody`]): with
-    /// [`inner_body`](crate::RateLimitLayer::inner_body) the body is not
-    /// watched.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use tower_ratelimit::{Quota, RateLimitLayer};
-    /// let tokens = Quota::new(100_000, Duration::from_secs(60))?.named("tokens")?.with_unit("tokens")?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .quota(tokens)
-    ///     .reserve(|_| 500)
-    ///     .settle_trailers(|trailers| trailers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
-    ///     .build()?;
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn settle_trailers<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&HeaderMap) -> Option<u64> + Send + Sync + 'static,
-    {
-        self.kind.settle_trailers = Some(Arc::new(f));
-        self
-    }
-
-    /// Settles each quota in `content-bytes` to the data bytes the response
-    /// body really sent, when the body ends: a download or an export
-    /// reserves an estimate and pays what it sent. Needs the default body
-    /// mode, as [`settle_trailers`](Self::settle_trailers) does.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use tower_ratelimit::{Quota, RateLimitLayer};
-    /// let egress = Quota::new(100_000_000, Duration::from_secs(3600))?.with_unit("content-bytes")?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .quota(egress)
-    ///     .reserve(|_| 1_000_000)
-    ///     .settle_body_bytes()
-    ///     .build()?;
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn settle_body_bytes(mut self) -> Self {
-        self.kind.body_bytes = true;
-        self
-    }
-
-    /// Gives each charged request a [`Usage`](crate::rate::Usage) in its
-    /// extensions (with axum, an extractor) on which the handler reports
-    /// what the request really cost, as it goes: `.settle(n)`, `.add(n)`,
-    /// or per unit. The request is settled when its response body ends.
-    ///
-    /// For each quota of another unit than requests, the first that is
-    /// known of these is what the request cost:
-    /// 1. the handler's word for the quota's own unit
-    ///    ([`Usage::settle_unit`](crate::rate::Usage::settle_unit));
-    /// 2. the body's bytes, for `content-bytes` quotas
-    ///    ([`settle_body_bytes`](Self::settle_body_bytes));
-    /// 3. the trailers ([`settle_trailers`](Self::settle_trailers));
-    /// 4. the head ([`settle`](Self::settle));
-    /// 5. the handler's word for every unit ([`Usage::settle`](crate::rate::Usage::settle)).
-    ///
-    /// Else the reservation stands. A request is settled exactly once,
-    /// whichever sources speak.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use tower_ratelimit::{Quota, RateLimitLayer};
-    /// let tokens = Quota::new(100_000, Duration::from_secs(60))?.with_unit("tokens")?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .quota(tokens)
-    ///     .reserve(|_| 500)
-    ///     .usage_extension()
-    ///     .build()?;
-    /// // In an axum handler: `async fn complete(usage: tower_ratelimit::rate::Usage)`,
-    /// // then `usage.add(n)` for each chunk of n tokens streamed.
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn usage_extension(mut self) -> Self {
-        self.kind.usage_extension = true;
-        self
-    }
-
-    /// What a request whose response never finished is settled to (the
-    /// client went away, the body failed or was dropped): by default its
-    /// reservation stands. Applies to requests settled at their body's end
-    /// ([`settle_trailers`](Self::settle_trailers),
-    /// [`settle_body_bytes`](Self::settle_body_bytes),
-    /// [`usage_extension`](Self::usage_extension)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use tower_ratelimit::{rate::Dropped, Quota, RateLimitLayer};
-    /// let egress = Quota::new(100_000_000, Duration::from_secs(3600))?.with_unit("content-bytes")?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .quota(egress)
-    ///     .settle_body_bytes()
-    ///     // A download cut short pays for the bytes it got.
-    ///     .settle_dropped(Dropped::SoFar)
-    ///     .build()?;
-    /// # Ok::<(), tower_ratelimit::ConfigError>(())
-    /// ```
-    pub fn settle_dropped(mut self, dropped: Dropped) -> Self {
-        self.kind.dropped = dropped;
-        self
-    }
-
-    /// Which responses are free: everything they were charged is given back
-    /// (default: `304 Not Modified`).
-    ///
-    /// A client can make many responses free (a `304` answers any request
-    /// with `If-None-Match: *` on an endpoint that computes ETags), and the
-    /// handler still runs for each. So free responses are bounded: per key
-    /// and policy, at most the binding quota's limit of them per window (of
-    /// its length), counted in this process; past that they are charged
-    /// like any other response.
-    ///
-    /// ```
-    /// # use std::num::NonZeroU32;
-    /// use http::StatusCode;
-    /// use tower_ratelimit::{Quota, RateLimitLayer};
-    /// let layer = RateLimitLayer::builder()
-    ///     .quota(Quota::per_second(NonZeroU32::new(1).unwrap()))
-    ///     .refund_if(|status, _headers| status == StatusCode::NOT_MODIFIED || status.is_server_error())
-    ///     .build()
-    ///     .unwrap();
-    /// ```
-    pub fn refund_if<F>(mut self, f: F) -> Self
-    where
-        F: Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
-    {
-        self.kind.refund = Arc::new(f);
+    pub fn settlement(mut self, settlement: Settlement) -> Self {
+        self.kind.settlement = settlement;
         self
     }
 
@@ -784,7 +571,7 @@ impl Builder<Settings> {
         let policy = kind.policy.ok_or_else(|| {
             ConfigError::new(
                 ConfigErrorKind::Missing,
-                "no quota configured: call .quota(), .policy(), .policy_fn() or .policy_async()",
+                "no quota configured: call .quota(), .policy_fn() or .policy_async()",
             )
         })?;
         let store = common.store();
@@ -875,15 +662,15 @@ impl Builder<Settings> {
                 overrides,
                 observer,
                 cost: kind.cost,
-                reserve: kind.reserve,
-                settle: kind.settle,
-                settle_trailers: kind.settle_trailers,
-                body_bytes: kind.body_bytes,
-                usage_extension: kind.usage_extension,
-                dropped: kind.dropped,
+                reserve: kind.settlement.reserve,
+                settle: kind.settlement.head,
+                settle_trailers: kind.settlement.trailers,
+                body_bytes: kind.settlement.body_bytes,
+                usage_extension: kind.settlement.usage,
+                dropped: kind.settlement.dropped,
                 headers: common.headers,
                 status_extension: kind.status_extension,
-                refund: kind.refund,
+                refund: kind.settlement.refund,
                 free: super::free::FreeResponses::new(),
                 on_rejection: kind.on_rejection,
                 on_key_error: common.on_key_error,

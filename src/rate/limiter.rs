@@ -738,6 +738,7 @@ pub(crate) fn clone_head(parts: &Parts) -> Parts {
 /// request was charged, in the request's extensions
 /// ([`status_extension`](crate::RateLimitLayerBuilder::status_extension)).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Status {
     /// The policy that applies to the caller.
     pub policy: Policy,

@@ -4,7 +4,7 @@
 //! whole fleet.
 //!
 //! A request's policy is, in order: its key's override, the runtime
-//! default, then the layer's configured policy (`quota`, `policy`,
+//! default, then the layer's configured policy (`quota`,
 //! `policy_fn` or `policy_async`). Each change replaces the whole table at
 //! once for every clone of the layer, so a request never sees half of one.
 

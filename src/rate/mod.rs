@@ -54,4 +54,4 @@ pub use limits::SharedLimits;
 pub use limits::{Limits, LimitsError, MAX_OVERRIDES, MAX_OVERRIDE_KEY_LEN};
 pub use response::{default_rejection, Rejection};
 pub use service::RateLimit;
-pub use settle::{Dropped, Usage};
+pub use settle::{Dropped, Settlement, Usage};

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 /// What a rejection knows, for a custom rejection response.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Rejection<'a> {
     /// The decision, from the same store read as the headers.
     pub decision: &'a Decision,

@@ -40,7 +40,19 @@ impl Namespace {
 }
 
 /// One charge: apply `policy` to `key` at `now_ms` with `cost`, all quotas or none.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use tower_ratelimit::key::Key;
+/// use tower_ratelimit::store::{Charge, Namespace};
+/// use tower_ratelimit::{Policy, Quota};
+/// let (ns, key) = (Namespace::new("api"), Key::new("client-1"));
+/// let policy = Policy::new(Quota::per_second(NonZeroU32::new(10).unwrap()));
+/// let charge = Charge::new(&ns, &key, &policy, 1_700_000_000_000).with_cost(3);
+/// assert_eq!((charge.cost, charge.units), (3, 3));
+/// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Charge<'a> {
     /// The limiter.
     pub namespace: &'a Namespace,
@@ -65,7 +77,41 @@ pub struct Charge<'a> {
     pub timeout: Duration,
 }
 
-impl Charge<'_> {
+impl<'a> Charge<'a> {
+    /// A charge of one request (cost 1, one unit reserved) at `now_ms`,
+    /// with the default store timeout
+    /// ([`DEFAULT_STORE_TIMEOUT`](crate::builder::DEFAULT_STORE_TIMEOUT)).
+    pub fn new(namespace: &'a Namespace, key: &'a Key, policy: &'a Policy, now_ms: u64) -> Self {
+        Self {
+            namespace,
+            key,
+            policy,
+            cost: 1,
+            units: 1,
+            now_ms,
+            timeout: crate::builder::DEFAULT_STORE_TIMEOUT,
+        }
+    }
+
+    /// This charge with cost `cost`, reserving as many units.
+    pub fn with_cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self.units = cost;
+        self
+    }
+
+    /// This charge reserving `units` in each quota of another unit.
+    pub fn with_units(mut self, units: u64) -> Self {
+        self.units = units;
+        self
+    }
+
+    /// This charge with the store timeout `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     /// What this charge asks of `quota`: the units that must be left for it
     /// to be admitted, and the units it is charged when it is.
     pub fn ask(&self, quota: &Quota) -> (u64, u64) {
@@ -79,6 +125,7 @@ impl Charge<'_> {
 /// above it the excess is charged to the same window or bucket (debt). It
 /// never reaches a newer window, nor a state that is gone.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Settle<'a> {
     /// The original charge's fields, as charged.
     pub charge: Charge<'a>,

@@ -50,6 +50,7 @@ impl fmt::Debug for SlotId {
 /// One attempt to take a slot: at most `limit` slots per key, each leased until
 /// `now_ms + lease`.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Acquire<'a> {
     /// The limiter.
     pub namespace: &'a Namespace,
@@ -67,8 +68,57 @@ pub struct Acquire<'a> {
     pub timeout: Duration,
 }
 
+impl<'a> Acquire<'a> {
+    /// An attempt to take slot `id` of at most `limit` for `key` at
+    /// `now_ms`, with the default lease ([`DEFAULT_LEASE`](crate::store::DEFAULT_LEASE))
+    /// and store timeout ([`DEFAULT_STORE_TIMEOUT`](crate::builder::DEFAULT_STORE_TIMEOUT)).
+    pub fn new(
+        namespace: &'a Namespace,
+        key: &'a Key,
+        id: SlotId,
+        limit: u64,
+        now_ms: u64,
+    ) -> Self {
+        Self {
+            namespace,
+            key,
+            id,
+            limit,
+            now_ms,
+            lease: crate::slots::DEFAULT_LEASE,
+            timeout: crate::builder::DEFAULT_STORE_TIMEOUT,
+        }
+    }
+
+    /// This attempt with the lease `lease`.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// This attempt with the store timeout `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The release of this attempt's slot at `now_ms`, with its lease and
+    /// timeout.
+    pub fn release(&self, now_ms: u64) -> Release<'a> {
+        Release {
+            namespace: self.namespace,
+            key: self.key,
+            id: self.id,
+            now_ms,
+            lease: self.lease,
+            timeout: self.timeout,
+        }
+    }
+}
+
 /// Gives a slot back.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Release<'a> {
     /// The limiter.
     pub namespace: &'a Namespace,
@@ -86,9 +136,20 @@ pub struct Release<'a> {
 
 /// What an acquire found, from the same atomic step that decided it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Occupancy {
     /// Whether the slot was taken.
     pub acquired: bool,
     /// Slots held for the key (unexpired), including this one if it was taken.
     pub in_flight: u64,
+}
+
+impl Occupancy {
+    /// An answer: whether the slot was taken, and the slots the key holds.
+    pub fn new(acquired: bool, in_flight: u64) -> Self {
+        Self {
+            acquired,
+            in_flight,
+        }
+    }
 }

@@ -19,7 +19,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 /// `advisor` counting per minute (headroom 1.5).
 fn tenants_at_100_a_minute(clock: &ManualClock, advisor: Advisor) -> RateLimitLayer {
     RateLimitLayer::builder()
-        .policy("100/1m".parse::<Policy>().unwrap())
+        .quota("100/1m".parse::<Policy>().unwrap())
         .key(Header::try_new("x-tenant").unwrap())
         .clock(clock.clone())
         .advisor(advisor.window(MINUTE).headroom(1.5))

@@ -365,7 +365,7 @@ async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refu
         .unwrap();
     let layer = RateLimitLayer::builder()
         .name("slots")
-        .policy(
+        .quota(
             tower_ratelimit::Policy::new(second.clone())
                 .and(hour)
                 .unwrap(),
@@ -395,7 +395,7 @@ async fn the_binding_quota_reports_in_its_own_slot_and_a_quota_in_tokens_is_refu
         .with_unit("tokens")
         .unwrap();
     let err = RateLimitLayer::builder()
-        .policy(tower_ratelimit::Policy::new(second).and(tokens).unwrap())
+        .quota(tower_ratelimit::Policy::new(second).and(tokens).unwrap())
         .store(coordinated())
         .build()
         .unwrap_err();

@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tower::ServiceExt;
 use tower_ratelimit::clock::{Clock, ManualClock, SystemClock};
 use tower_ratelimit::key::{Header, Key};
-use tower_ratelimit::store::{Acquire, MemoryStore, Namespace, RedisStore, Release, SlotId, Store};
+use tower_ratelimit::store::{Acquire, MemoryStore, Namespace, RedisStore, SlotId, Store};
 use tower_ratelimit::ConcurrencyLimitLayer;
 use tower_ratelimit::{failure::OnStoreError, headers::HeaderStyle, Quota, RateLimitLayer};
 
@@ -458,15 +458,9 @@ fn acquire<'a>(
     now_ms: u64,
     lease_ms: u64,
 ) -> Acquire<'a> {
-    Acquire {
-        namespace: ns,
-        key,
-        id,
-        limit: 1,
-        now_ms,
-        lease: Duration::from_millis(lease_ms),
-        timeout: Duration::from_secs(2),
-    }
+    Acquire::new(ns, key, id, 1, now_ms)
+        .with_lease(Duration::from_millis(lease_ms))
+        .with_timeout(Duration::from_secs(2))
 }
 
 #[tokio::test]
@@ -527,25 +521,8 @@ async fn a_slot_counts_while_its_lease_lasts_by_redis_s_clock_and_a_release_that
     // acquire on another connection) makes that late acquire fail.
     let late = SlotId::next();
     let a = acquire(late, &k, &ns, t0 + 1_001, 1_000);
-    store
-        .release(&Release {
-            namespace: a.namespace,
-            key: a.key,
-            id: late,
-            now_ms: t0 + 1_001,
-            lease: a.lease,
-            timeout: a.timeout,
-        })
-        .await
-        .unwrap();
-    let r = Release {
-        namespace: a.namespace,
-        key: a.key,
-        id: second,
-        now_ms: t0 + 1_001,
-        lease: a.lease,
-        timeout: a.timeout,
-    };
+    store.release(&a.release(t0 + 1_001)).await.unwrap();
+    let r = acquire(second, &k, &ns, t0 + 1_001, 1_000).release(t0 + 1_001);
     store.release(&r).await.unwrap();
     assert_eq!(zcard(&redis, &key), 0);
     let o = store.acquire(&a).await.unwrap();
@@ -912,9 +889,10 @@ async fn on_a_redis_cluster_slots_and_tombstones_share_one_hash_slot() {
     let key = store.slots_key(&ns, &k);
     let node = cluster.master_for_key(&key);
     let now = SystemClock.now_ms();
-    let call = |id| Acquire {
-        limit: 2,
-        ..acquire(id, &k, &ns, now, 30_000)
+    let call = |id| {
+        Acquire::new(&ns, &k, id, 2, now)
+            .with_lease(Duration::from_secs(30))
+            .with_timeout(Duration::from_secs(2))
     };
     let (a, b) = (SlotId::next(), SlotId::next());
     // Two keys per script (slots and tombstones): any CROSSSLOT would be an error here.
@@ -922,14 +900,7 @@ async fn on_a_redis_cluster_slots_and_tombstones_share_one_hash_slot() {
     assert!(store.acquire(&call(b)).await.unwrap().acquired);
     assert!(!store.acquire(&call(SlotId::next())).await.unwrap().acquired);
     assert_eq!(node.query::<i64>(&["ZCARD", &key]), 2);
-    let release = |id| Release {
-        namespace: &ns,
-        key: &k,
-        id,
-        now_ms: now,
-        lease: Duration::from_secs(30),
-        timeout: Duration::from_secs(2),
-    };
+    let release = |id| call(id).release(now);
     store.release(&release(a)).await.unwrap();
     // A release ahead of its acquire leaves a tombstone beside the slots.
     let late = SlotId::next();

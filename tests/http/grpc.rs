@@ -15,6 +15,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_types::StatusExt;
 use tower_ratelimit::clock::ManualClock;
 use tower_ratelimit::key::{ApiKey, GrpcMethod, Header, KeyExtractorExt, PeerIp};
+use tower_ratelimit::rate::Settlement;
 use tower_ratelimit::store::RedisStore;
 use tower_ratelimit::{failure::OnStoreError, grpc, Policy, Quota, RateLimitLayer};
 
@@ -256,9 +257,9 @@ async fn a_fail_closed_store_error_is_unavailable_with_a_pushback() {
 #[tokio::test]
 async fn a_refund_predicate_over_grpc_statuses_makes_not_found_free() {
     let l = layer(2)
-        .refund_if(|status, headers| {
+        .settlement(Settlement::new().refund_if(|status, headers| {
             status == 304 || grpc::status_code(headers) == Some(grpc::NOT_FOUND)
-        })
+        }))
         .build()
         .unwrap();
     let mut c = client(serve(l).await).await;
@@ -294,8 +295,11 @@ async fn a_calls_trailers_settle_its_unit_quota_when_its_stream_ends() {
     let l = RateLimitLayer::builder()
         .quota(units)
         .clock(ManualClock::new(T0))
-        .reserve(|_| 30)
-        .settle_trailers(|t| (grpc::status_code(t) == Some(grpc::OK)).then_some(5))
+        .settlement(
+            Settlement::new()
+                .reserve(|_| 30)
+                .from_trailers(|t| (grpc::status_code(t) == Some(grpc::OK)).then_some(5)),
+        )
         .build()
         .unwrap();
     let mut c = client(serve(l.clone()).await).await;

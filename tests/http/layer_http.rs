@@ -161,7 +161,7 @@ async fn ietf_style_names_every_policy_and_both_style_sends_both() {
         )
         .unwrap();
     let l = RateLimitLayer::builder()
-        .policy(policy)
+        .quota(policy)
         .clock(clock.clone())
         .headers(HeaderStyle::Both)
         .build()
@@ -946,7 +946,7 @@ async fn handlers_read_each_quotas_remaining_from_the_request_when_asked_to() {
         .unwrap();
     let build = |async_key: bool, on: bool| {
         let b = RateLimitLayer::builder()
-            .policy(policy.clone())
+            .quota(policy.clone())
             .clock(clock.clone())
             .status_extension(on);
         let b = if async_key {

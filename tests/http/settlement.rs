@@ -23,10 +23,10 @@ use std::convert::Infallible;
 use std::time::Duration;
 use tower::{Layer, ServiceExt};
 use tower_ratelimit::clock::ManualClock;
+use tower_ratelimit::headers::HeaderStyle;
 use tower_ratelimit::key::Global;
-use tower_ratelimit::{
-    headers::HeaderStyle, rate::Dropped, rate::Usage, Quota, RateLimitLayer, RateLimitLayerBuilder,
-};
+use tower_ratelimit::rate::{Dropped, Settlement, Usage};
+use tower_ratelimit::{Quota, RateLimitLayer, RateLimitLayerBuilder};
 
 const T0: u64 = 1_700_000_040_000;
 
@@ -59,9 +59,12 @@ fn builder(quota: Quota, clock: &ManualClock) -> RateLimitLayerBuilder {
 /// 10,000 bytes a minute, each response reserving 1,000 and settled to the
 /// bytes its body sent.
 fn egress(clock: &ManualClock) -> RateLimitLayerBuilder {
-    builder(bytes_quota(10_000), clock)
-        .reserve(|_| 1_000)
-        .settle_body_bytes()
+    builder(bytes_quota(10_000), clock).settlement(egress_settlement())
+}
+
+/// [`egress`]'s settlement.
+fn egress_settlement() -> Settlement {
+    Settlement::new().reserve(|_| 1_000).from_body_bytes()
 }
 
 /// What the caller has left in its first quota, read without charging.
@@ -91,8 +94,7 @@ async fn a_handler_counts_a_streamed_response_on_its_usage_and_the_request_settl
 ) {
     let clock = ManualClock::new(T0);
     let layer = builder(tokens(100), &clock)
-        .reserve(|_| 50)
-        .usage_extension()
+        .settlement(Settlement::new().reserve(|_| 50).from_usage())
         .build()
         .unwrap();
     let app = Router::new()
@@ -167,10 +169,13 @@ async fn trailers_sent_over_http2_settle_the_request_once_and_come_before_the_he
     let clock = ManualClock::new(T0);
     let head = read_header("x-tokens-used");
     let layer = builder(tokens(1_000), &clock)
-        .reserve(|_| 500)
-        .settle(move |_, h| head(h))
-        .settle_trailers(read_header("x-tokens-used"))
-        .usage_extension()
+        .settlement(
+            Settlement::new()
+                .reserve(|_| 500)
+                .from_head(move |_, h| head(h))
+                .from_trailers(read_header("x-tokens-used"))
+                .from_usage(),
+        )
         .build()
         .unwrap();
     let app = Router::new()
@@ -266,7 +271,7 @@ async fn a_dropped_body_keeps_its_reservation_or_settles_as_configured() {
         let clock = ManualClock::new(T0);
         let mut b = egress(&clock);
         if let Some(d) = dropped {
-            b = b.settle_dropped(d);
+            b = b.settlement(egress_settlement().on_dropped(d));
         }
         let layer = b.build().unwrap();
         drop_after_one_frame(&layer).await;
@@ -278,7 +283,7 @@ async fn a_dropped_body_keeps_its_reservation_or_settles_as_configured() {
 async fn a_body_that_fails_before_its_end_is_settled_as_dropped() {
     let clock = ManualClock::new(T0);
     let layer = egress(&clock)
-        .settle_dropped(Dropped::SoFar)
+        .settlement(egress_settlement().on_dropped(Dropped::SoFar))
         .build()
         .unwrap();
     let failing = || async {
@@ -319,11 +324,10 @@ async fn input_and_output_tokens_settle_apart_while_the_request_quota_keeps_its_
         .and(quota("output-tokens", 2_000))
         .unwrap();
     let layer = RateLimitLayer::builder()
-        .policy(policy)
+        .quota(policy)
         .key(Global)
         .clock(clock.clone())
-        .reserve(|_| 100)
-        .usage_extension()
+        .settlement(Settlement::new().reserve(|_| 100).from_usage())
         .build()
         .unwrap();
     let handler = |usage: Usage| async move {
@@ -355,8 +359,7 @@ async fn with_the_inner_body_passed_through_a_request_settles_at_its_head_and_bo
 ) {
     let clock = ManualClock::new(T0);
     let layer = builder(tokens(1_000), &clock)
-        .reserve(|_| 100)
-        .usage_extension()
+        .settlement(Settlement::new().reserve(|_| 100).from_usage())
         .build()
         .unwrap()
         .inner_body();
@@ -382,7 +385,7 @@ async fn with_the_inner_body_passed_through_a_request_settles_at_its_head_and_bo
     let _quiet = builder(tokens(1_000), &clock).build().unwrap().inner_body();
     assert!(!logs.text().contains("unwatched"), "{}", logs.text());
     let _warned = builder(tokens(1_000), &clock)
-        .settle_body_bytes()
+        .settlement(Settlement::new().from_body_bytes())
         .build()
         .unwrap()
         .inner_body();
@@ -412,8 +415,11 @@ mod redis {
         builder(quota, clock)
             .name("fleet")
             .store(RedisStore::new(server.url()).unwrap())
-            .reserve(move |_| reserve)
-            .settle(|_, h| read_header("x-tokens-used")(h))
+            .settlement(
+                Settlement::new()
+                    .reserve(move |_| reserve)
+                    .from_head(|_, h| read_header("x-tokens-used")(h)),
+            )
             .build()
             .unwrap()
     }
@@ -607,7 +613,7 @@ mod redis {
             builder(fits.clone(), &clock)
                 .name("fits")
                 .store(RedisStore::new(server.url()).unwrap())
-                .reserve(|_| 300)
+                .settlement(Settlement::new().reserve(|_| 300))
                 .build()
                 .unwrap()
         });

@@ -37,7 +37,7 @@ fn policy() -> Policy {
 fn app(store: Arc<dyn Store>, clock: &ManualClock) -> Router {
     let layer = RateLimitLayer::builder()
         .name("several")
-        .policy(policy())
+        .quota(policy())
         .key(Header::try_new("x-client").unwrap())
         .store(store)
         .clock(clock.clone())
@@ -97,14 +97,10 @@ async fn hourly_rejects_and_the_per_second_quota_is_unchanged(store: Arc<dyn Sto
     let ns = Namespace::new("several");
     let key = Key::new("a");
     let policy = policy();
-    let status = |now_ms| Charge {
-        namespace: &ns,
-        key: &key,
-        policy: &policy,
-        cost: 0,
-        units: 0,
-        now_ms,
-        timeout: Duration::from_secs(2),
+    let status = |now_ms| {
+        Charge::new(&ns, &key, &policy, now_ms)
+            .with_cost(0)
+            .with_timeout(Duration::from_secs(2))
     };
     let now = t0 + 1_500;
     clock.set(now);
@@ -153,15 +149,11 @@ async fn redis_store_hourly_rejection_leaves_the_per_second_quota_unchanged_in_o
     assert_eq!(request(&warm, "warm-up").await.0, StatusCode::OK);
     let (ns, key, policy) = (Namespace::new("warm-up"), Key::new("w"), policy());
     store
-        .status(&Charge {
-            namespace: &ns,
-            key: &key,
-            policy: &policy,
-            cost: 0,
-            units: 0,
-            now_ms: SystemClock.now_ms(),
-            timeout: Duration::from_secs(2),
-        })
+        .status(
+            &Charge::new(&ns, &key, &policy, SystemClock.now_ms())
+                .with_cost(0)
+                .with_timeout(Duration::from_secs(2)),
+        )
         .await
         .unwrap();
     server.config_resetstat();

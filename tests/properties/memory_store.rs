@@ -9,15 +9,7 @@ use tower_ratelimit::{decision::Decision, Policy, Quota};
 
 fn charge(store: &MemoryStore, ns: &Namespace, key: Key, policy: &Policy, now_ms: u64) -> Decision {
     store
-        .charge(&Charge {
-            namespace: ns,
-            key: &key,
-            policy,
-            cost: 1,
-            units: 1,
-            now_ms,
-            timeout: Duration::from_millis(50),
-        })
+        .charge(&Charge::new(ns, &key, policy, now_ms).with_timeout(Duration::from_millis(50)))
         .now_or_never()
         .expect("the memory store answers at once")
         .expect("the memory store never fails")
@@ -168,14 +160,10 @@ fn a_client_settled_into_debt_survives_a_flood_and_keeps_its_debt() {
             .unwrap(),
     );
     let debtor = Key::new("debtor");
-    let ask = |now_ms| Charge {
-        namespace: &ns,
-        key: &debtor,
-        policy: &tokens,
-        cost: 1,
-        units: 0,
-        now_ms,
-        timeout: Duration::from_millis(50),
+    let ask = |now_ms| {
+        Charge::new(&ns, &debtor, &tokens, now_ms)
+            .with_units(0)
+            .with_timeout(Duration::from_millis(50))
     };
     let d = store.charge(&ask(0)).now_or_never().unwrap().unwrap();
     assert!(d.is_allowed());

@@ -144,15 +144,9 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
         },
     )]) {
         for &(_, i) in due.iter().filter(|(at, _)| *at <= j) {
-            let charge = Charge {
-                namespace: &ns,
-                key: &key,
-                policy,
-                cost: out[i].cost,
-                units: out[i].cost,
-                now_ms: out[i].t,
-                timeout: Duration::from_secs(5),
-            };
+            let charge = Charge::new(&ns, &key, policy, out[i].t)
+                .with_cost(out[i].cost)
+                .with_timeout(Duration::from_secs(5));
             let settle = match steps[i].actual {
                 None => Settle::free(charge, &decisions[i]),
                 Some(n) => Settle::units(charge, &decisions[i], n, t),
@@ -164,15 +158,9 @@ async fn run(store: &dyn Store, policy: &Policy, start: u64, steps: &[Step]) -> 
             break;
         }
         t += s.gap;
-        let charge = Charge {
-            namespace: &ns,
-            key: &key,
-            policy,
-            cost: s.cost,
-            units: s.cost,
-            now_ms: t,
-            timeout: Duration::from_secs(5),
-        };
+        let charge = Charge::new(&ns, &key, policy, t)
+            .with_cost(s.cost)
+            .with_timeout(Duration::from_secs(5));
         let d: Decision = store.charge(&charge).await.unwrap();
         let refunded = s.refund.is_some() && d.is_allowed();
         if let (Some(after), true) = (s.refund, refunded) {

@@ -118,14 +118,10 @@ async fn measure(arrivals: &[u64]) -> Measured {
     let exact = quota(Algorithm::SlidingLog, 10_000);
     // Aligned, so the counter's windows start with the traffic.
     let start = 1_000 * WINDOW;
-    let call = |policy, now_ms, cost| Charge {
-        namespace: &ns,
-        key: &key,
-        policy,
-        cost,
-        units: cost,
-        now_ms,
-        timeout: Duration::from_secs(1),
+    let call = |policy, now_ms, cost| {
+        Charge::new(&ns, &key, policy, now_ms)
+            .with_cost(cost)
+            .with_timeout(Duration::from_secs(1))
     };
     let (mut admitted, mut false_admissions, mut error_sum, mut worst) = (0, 0, 0.0, 0);
     for &t in arrivals {

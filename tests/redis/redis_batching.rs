@@ -54,15 +54,11 @@ impl Sequence<'_> {
         store: &dyn Store,
         &(k, p, t, cost): &Request,
     ) -> StoreFuture<Result<Decision, StoreError>> {
-        store.charge(&Charge {
-            namespace: ns,
-            key: &self.keys[k],
-            policy: &self.policies[p],
-            cost,
-            units: cost,
-            now_ms: self.now + t,
-            timeout: Duration::from_secs(5),
-        })
+        store.charge(
+            &Charge::new(ns, &self.keys[k], &self.policies[p], self.now + t)
+                .with_cost(cost)
+                .with_timeout(Duration::from_secs(5)),
+        )
     }
 }
 
@@ -82,15 +78,7 @@ fn charge(
     policy: &Policy,
     now: u64,
 ) -> StoreFuture<Result<Decision, StoreError>> {
-    store.charge(&Charge {
-        namespace: ns,
-        key,
-        policy,
-        cost: 1,
-        units: 1,
-        now_ms: now,
-        timeout: Duration::from_secs(5),
-    })
+    store.charge(&Charge::new(ns, key, policy, now).with_timeout(Duration::from_secs(5)))
 }
 
 /// Client script calls seen by `MONITOR`.
@@ -471,15 +459,7 @@ async fn shadow_charges_take_an_eighth_of_the_queue_at_most() {
     let (server, store, now) = started().await;
     let (ns, p) = (Namespace::new("shadowed"), fixed(1_000_000));
     let key = Key::new("busy");
-    let call = |k| Charge {
-        namespace: &ns,
-        key: k,
-        policy: &p,
-        cost: 1,
-        units: 1,
-        now_ms: now,
-        timeout: Duration::from_secs(10),
-    };
+    let call = |k| Charge::new(&ns, k, &p, now).with_timeout(Duration::from_secs(10));
     // The connection just used (one idle for a second is checked first).
     store.charge(&call(&key)).await.unwrap();
     server.pause();
@@ -880,15 +860,7 @@ async fn a_charge_that_timed_out_is_never_sent_again() {
     // Redis holds every command for 500 ms; the charge gives up after 100.
     server.cmd(&["CLIENT", "PAUSE", "500", "ALL"]);
     let r = store
-        .charge(&Charge {
-            namespace: &ns,
-            key: &key,
-            policy: &p,
-            cost: 1,
-            units: 1,
-            now_ms: now,
-            timeout: Duration::from_millis(100),
-        })
+        .charge(&Charge::new(&ns, &key, &p, now).with_timeout(Duration::from_millis(100)))
         .await;
     assert_eq!(r.unwrap_err().kind(), "timeout");
     // The call was written before it timed out: Redis runs it once the

@@ -32,7 +32,7 @@ fn app(store: RedisStore, policy: Policy, clock: &ManualClock, calls: Arc<Atomic
 
 fn limit(store: RedisStore, policy: Policy, clock: &ManualClock) -> RateLimitLayer {
     RateLimitLayer::builder()
-        .policy(policy)
+        .quota(policy)
         .key(Header::try_new("x-client").unwrap())
         .store(store)
         .clock(clock.clone())

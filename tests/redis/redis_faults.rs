@@ -181,15 +181,8 @@ async fn store_error(store: &RedisStore, key: &str) -> StoreError {
     let ns = Namespace::new("faults");
     let key = Key::new(key);
     let policy = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
-    let call = Charge {
-        namespace: &ns,
-        key: &key,
-        policy: &policy,
-        cost: 1,
-        units: 1,
-        now_ms: SystemClock.now_ms(),
-        timeout: Duration::from_millis(500),
-    };
+    let call = Charge::new(&ns, &key, &policy, SystemClock.now_ms())
+        .with_timeout(Duration::from_millis(500));
     match tokio::time::timeout(HANG, store.charge(&call))
         .await
         .expect("the store call hung")
@@ -254,15 +247,8 @@ async fn busy_from_a_long_script_is_a_store_error() {
     let key = Key::new("busy");
     let deadline = Instant::now() + HANG;
     let e = loop {
-        let call = Charge {
-            namespace: &ns,
-            key: &key,
-            policy: &policy,
-            cost: 1,
-            units: 1,
-            now_ms: SystemClock.now_ms(),
-            timeout: Duration::from_millis(500),
-        };
+        let call = Charge::new(&ns, &key, &policy, SystemClock.now_ms())
+            .with_timeout(Duration::from_millis(500));
         match tokio::time::timeout(HANG, store.charge(&call))
             .await
             .expect("the store call hung")
@@ -289,14 +275,9 @@ async fn readonly_from_a_demoted_primary_is_a_store_error_and_the_connection_is_
     let ns = Namespace::new("ro");
     let key = Key::new("k");
     let policy = Policy::new(Quota::new(5, Duration::from_secs(60)).unwrap());
-    let charge = || Charge {
-        namespace: &ns,
-        key: &key,
-        policy: &policy,
-        cost: 1,
-        units: 1,
-        now_ms: SystemClock.now_ms(),
-        timeout: Duration::from_millis(500),
+    let charge = || {
+        Charge::new(&ns, &key, &policy, SystemClock.now_ms())
+            .with_timeout(Duration::from_millis(500))
     };
     assert!(store.charge(&charge()).await.unwrap().is_allowed());
     // The connections that ran the charge script (the harness's own run
@@ -581,15 +562,8 @@ async fn an_allkeys_lru_redis_is_warned_about_and_evicted_state_reads_as_a_fresh
     let key = Key::new("client");
     let policy = Policy::new(Quota::new(10, Duration::from_secs(60)).unwrap());
     let t0 = SystemClock.now_ms();
-    let call = |now_ms| Charge {
-        namespace: &ns,
-        key: &key,
-        policy: &policy,
-        cost: 1,
-        units: 1,
-        now_ms,
-        timeout: Duration::from_secs(1),
-    };
+    let call =
+        |now_ms| Charge::new(&ns, &key, &policy, now_ms).with_timeout(Duration::from_secs(1));
     for _ in 0..3 {
         store.charge(&call(t0)).await.unwrap();
     }
@@ -771,17 +745,7 @@ async fn two_thousand_charges_queued_on_a_frozen_redis_wait_one_budget_and_the_e
     let policy = Policy::new(Quota::new(10, Duration::from_secs(60)).unwrap());
     let keys: Vec<Key> = (0..2_000).map(|i| Key::new(format!("k{i}"))).collect();
     let now = SystemClock.now_ms();
-    let charge = |key| {
-        store.charge(&Charge {
-            namespace: &ns,
-            key,
-            policy: &policy,
-            cost: 1,
-            units: 1,
-            now_ms: now,
-            timeout: BUDGET,
-        })
-    };
+    let charge = |key| store.charge(&Charge::new(&ns, key, &policy, now).with_timeout(BUDGET));
     let warm = Key::new("warm-up");
     charge(&warm).await.unwrap();
     server.config_resetstat();

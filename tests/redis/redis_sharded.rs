@@ -57,15 +57,7 @@ async fn charge_all(store: &ShardedStore, keys: &[Key]) {
         let (store, keys, ns, policy) = (store.clone(), keys.clone(), ns.clone(), policy.clone());
         tasks.push(tokio::spawn(async move {
             for key in keys.iter().skip(t).step_by(16) {
-                let call = Charge {
-                    namespace: &ns,
-                    key,
-                    policy: &policy,
-                    cost: 1,
-                    units: 1,
-                    now_ms: now,
-                    timeout: Duration::from_secs(5),
-                };
+                let call = Charge::new(&ns, key, &policy, now).with_timeout(Duration::from_secs(5));
                 let d = store.charge(&call).await.expect("charge");
                 assert!(d.is_allowed());
             }

@@ -228,15 +228,9 @@ fn charge<'a>(
     cost: u64,
     now_ms: u64,
 ) -> Charge<'a> {
-    Charge {
-        namespace: ns,
-        key,
-        policy,
-        cost,
-        units: cost,
-        now_ms,
-        timeout: Duration::from_secs(2),
-    }
+    Charge::new(ns, key, policy, now_ms)
+        .with_cost(cost)
+        .with_timeout(Duration::from_secs(2))
 }
 
 #[tokio::test]
@@ -584,14 +578,10 @@ async fn a_full_sliding_log_costs_a_bounded_call_and_a_small_reply_for_every_rej
     };
     let full = log(10_000);
     let t0 = SystemClock.now_ms();
-    let call = |policy, cost, now_ms| Charge {
-        namespace: &ns,
-        key: &key,
-        policy,
-        cost,
-        units: cost,
-        now_ms,
-        timeout: Duration::from_secs(5),
+    let call = |policy, cost, now_ms| {
+        Charge::new(&ns, &key, policy, now_ms)
+            .with_cost(cost)
+            .with_timeout(Duration::from_secs(5))
     };
     for chunk in (0..10_000u64).collect::<Vec<_>>().chunks(500) {
         let calls: Vec<_> = chunk.iter().map(|i| call(&full, 1, t0 + i)).collect();
@@ -606,10 +596,11 @@ async fn a_full_sliding_log_costs_a_bounded_call_and_a_small_reply_for_every_rej
     // The status script loaded (a first call meets NOSCRIPT and loads it).
     let other = Key::new("other");
     redis
-        .status(&Charge {
-            key: &other,
-            ..call(&full, 0, now)
-        })
+        .status(
+            &Charge::new(&ns, &other, &full, now)
+                .with_cost(0)
+                .with_timeout(Duration::from_secs(5)),
+        )
         .await
         .unwrap();
     let lowered = log(100);

@@ -28,7 +28,7 @@ fn hourly(limit: u32) -> Policy {
 fn layer(store: RedisStore, limit: u32, on_error: OnStoreError) -> RateLimitLayer {
     RateLimitLayer::builder()
         .name("tls")
-        .policy(hourly(limit))
+        .quota(hourly(limit))
         .key(Header::try_new("x-client").unwrap())
         .store(store)
         .on_store_error(on_error)
@@ -61,15 +61,15 @@ async fn send(app: &Router, client: &str) -> StatusCode {
 /// One charge straight on the store.
 async fn charge(store: &RedisStore) -> Result<tower_ratelimit::decision::Decision, StoreError> {
     store
-        .charge(&Charge {
-            namespace: &Namespace::new("tls"),
-            key: &Key::new("direct"),
-            policy: &hourly(10),
-            cost: 1,
-            units: 1,
-            now_ms: SystemClock.now_ms(),
-            timeout: Duration::from_secs(2),
-        })
+        .charge(
+            &Charge::new(
+                &Namespace::new("tls"),
+                &Key::new("direct"),
+                &hourly(10),
+                SystemClock.now_ms(),
+            )
+            .with_timeout(Duration::from_secs(2)),
+        )
         .await
 }
 

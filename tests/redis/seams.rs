@@ -102,14 +102,8 @@ async fn every_algorithm_stays_exact_and_keeps_ttls_with_the_clock_5s_behind_or_
             let key = Key::new("client");
             // A quota in tokens beside it, so settlements reach the hash too.
             let policy = Policy::new(quota.clone()).and(tokens.clone()).unwrap();
-            let charge = |now_ms| Charge {
-                namespace: &ns,
-                key: &key,
-                policy: &policy,
-                cost: 1,
-                units: 1,
-                now_ms,
-                timeout: Duration::from_secs(2),
+            let charge = |now_ms| {
+                Charge::new(&ns, &key, &policy, now_ms).with_timeout(Duration::from_secs(2))
             };
             let what = format!(
                 "{:?} with the clock {offset:+} ms off Redis's",
@@ -429,7 +423,7 @@ async fn a_runtime_override_or_a_new_tier_is_charged_not_answered_from_the_cache
         .name("override")
         .store(RedisStore::new(server.url()).unwrap())
         .key(Header::try_new("x-client").unwrap())
-        .policy(hour(1))
+        .quota(hour(1))
         .build()
         .unwrap();
     let app = Router::new()
@@ -758,14 +752,10 @@ async fn a_sliding_log_refund_after_its_hash_was_evicted_leaves_every_key_a_ttl(
             .unwrap(),
     );
     let now = SystemClock.now_ms();
-    let call = || Charge {
-        namespace: &ns,
-        key: &key,
-        policy: &policy,
-        cost: 3,
-        units: 3,
-        now_ms: now,
-        timeout: Duration::from_secs(2),
+    let call = || {
+        Charge::new(&ns, &key, &policy, now)
+            .with_cost(3)
+            .with_timeout(Duration::from_secs(2))
     };
     let d = store.charge(&call()).await.unwrap();
     assert!(d.is_allowed());
@@ -802,15 +792,8 @@ async fn a_settlement_of_u64_max_is_one_full_bucket_of_debt_at_most() {
             Key::new("k"),
         );
         let now = SystemClock.now_ms();
-        let call = |now_ms| Charge {
-            namespace: &ns,
-            key: &key,
-            policy: &policy,
-            cost: 1,
-            units: 1,
-            now_ms,
-            timeout: Duration::from_secs(2),
-        };
+        let call =
+            |now_ms| Charge::new(&ns, &key, &policy, now_ms).with_timeout(Duration::from_secs(2));
         for store in [&redis as &dyn Store, &memory] {
             let d = store.charge(&call(now)).await.unwrap();
             assert!(d.is_allowed());

@@ -116,15 +116,15 @@ fn no_type_or_error_that_holds_a_redis_url_shows_its_password() {
 
 async fn charge(store: &RedisStore) -> tower_ratelimit::StoreError {
     store
-        .charge(&Charge {
-            namespace: &Namespace::new("secrets"),
-            key: &Key::new("k"),
-            policy: &Policy::new(Quota::per_second(NonZeroU32::new(5).unwrap())),
-            cost: 1,
-            units: 1,
-            now_ms: SystemClock.now_ms(),
-            timeout: Duration::from_secs(2),
-        })
+        .charge(
+            &Charge::new(
+                &Namespace::new("secrets"),
+                &Key::new("k"),
+                &Policy::new(Quota::per_second(NonZeroU32::new(5).unwrap())),
+                SystemClock.now_ms(),
+            )
+            .with_timeout(Duration::from_secs(2)),
+        )
         .await
         .unwrap_err()
 }

@@ -277,15 +277,9 @@ pub async fn run_tables(store: &dyn Store, start_ms: u64) {
         let policy = (table.policy)();
         for (i, r) in table.rows.iter().enumerate() {
             let key = Key::new(r.key);
-            let charge = Charge {
-                namespace: &ns,
-                key: &key,
-                policy: &policy,
-                cost: r.cost,
-                units: r.cost,
-                now_ms: start_ms + r.t,
-                timeout: Duration::from_secs(2),
-            };
+            let charge = Charge::new(&ns, &key, &policy, start_ms + r.t)
+                .with_cost(r.cost)
+                .with_timeout(Duration::from_secs(2));
             let d: Decision = store.charge(&charge).await.unwrap();
             let at = format!(
                 "table {:?} row {i} (t={}, key={}, cost={})",
@@ -296,15 +290,11 @@ pub async fn run_tables(store: &dyn Store, start_ms: u64) {
             if r.refund {
                 store.settle(&Settle::free(charge, &d)).await.unwrap();
                 let after = store
-                    .status(&Charge {
-                        namespace: &ns,
-                        key: &key,
-                        policy: &policy,
-                        cost: 0,
-                        units: 0,
-                        now_ms: start_ms + r.t,
-                        timeout: Duration::from_secs(2),
-                    })
+                    .status(
+                        &Charge::new(&ns, &key, &policy, start_ms + r.t)
+                            .with_cost(0)
+                            .with_timeout(Duration::from_secs(2)),
+                    )
                     .await
                     .unwrap();
                 d = after;
@@ -342,14 +332,10 @@ pub async fn rejections_change_nothing(store: &dyn Store, start_ms: u64) {
         for (j, policy) in [alone, beside].iter().enumerate() {
             let ns = Namespace::new(&format!("rejections{i}-{j}"));
             let key = Key::new("flooder");
-            let at = |now_ms, cost| Charge {
-                namespace: &ns,
-                key: &key,
-                policy,
-                cost,
-                units: cost,
-                now_ms,
-                timeout: Duration::from_secs(2),
+            let at = |now_ms, cost| {
+                Charge::new(&ns, &key, policy, now_ms)
+                    .with_cost(cost)
+                    .with_timeout(Duration::from_secs(2))
             };
             let now = start_ms + 100;
             for _ in 0..3 {
@@ -403,14 +389,10 @@ pub async fn settlements_follow_the_rules(store: &dyn Store, start_ms: u64) {
         let ns = Namespace::new(&format!("settle{i}"));
         static DEBT: std::sync::LazyLock<Key> = std::sync::LazyLock::new(|| Key::new("debt"));
         let now = start_ms + 100;
-        let call = |key: &'static Key, now_ms, units| Charge {
-            namespace: &ns,
-            key,
-            policy: &policy,
-            cost: 1,
-            units,
-            now_ms,
-            timeout: Duration::from_secs(2),
+        let call = |key: &'static Key, now_ms, units| {
+            Charge::new(&ns, key, &policy, now_ms)
+                .with_units(units)
+                .with_timeout(Duration::from_secs(2))
         };
         // Settles a charge of 100 (0 for DEBT) to `units`.
         let settle = |key: &'static Key, d: &Decision, charged_at, units, now_ms| {
