@@ -391,7 +391,7 @@ async fn with_the_inner_body_passed_through_a_request_settles_at_its_head_and_bo
         .inner_body();
     assert!(logs.text().contains("WARN"), "{}", logs.text());
     assert!(
-        logs.text().contains("settle_body_bytes see nothing"),
+        logs.text().contains("the body's bytes sees nothing"),
         "{}",
         logs.text()
     );
