@@ -453,10 +453,13 @@ impl Recorder {
     /// Sets the tiers' gauges from `advice`.
     fn publish(&self, advice: &Advice) {
         for t in &advice.tiers {
-            let labels = [("limiter", self.name.to_string()), ("tier", t.tier.clone())];
-            metrics::gauge!("ratelimit_advice_peak", &labels).set(t.peak as f64);
-            metrics::gauge!("ratelimit_advice_current_limit", &labels).set(t.current as f64);
-            metrics::gauge!("ratelimit_advice_suggested_limit", &labels).set(t.suggested as f64);
+            let (l, tier) = (self.name.to_string(), t.tier.clone());
+            metrics::gauge!("ratelimit_advice_peak", "limiter" => l.clone(), "tier" => tier.clone())
+                .set(t.peak as f64);
+            metrics::gauge!("ratelimit_advice_current_limit", "limiter" => l.clone(), "tier" => tier.clone())
+                .set(t.current as f64);
+            metrics::gauge!("ratelimit_advice_suggested_limit", "limiter" => l, "tier" => tier)
+                .set(t.suggested as f64);
         }
     }
 

@@ -33,7 +33,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// The bound: a key evicted and seen again starts afresh, so it can exceed
 /// its quota by at most what it had used when evicted, which for the key
 /// chosen is the least in its sample, typically one request of a flood key.
-/// Evictions are counted in `ratelimit_memory_evictions_total`.
+/// Evictions are counted in `ratelimit_memory_evictions_total`, labelled
+/// with the limiter whose new key needed the room.
 ///
 /// ```
 /// use tower_ratelimit::store::MemoryStore;
@@ -352,16 +353,14 @@ impl MemoryStore {
                 ((), (!fresh.slots.is_empty()).then_some(fresh))
             }
         });
-        if made.evicted > 0 {
-            metrics::counter!("ratelimit_memory_evictions_total").increment(made.evicted as u64);
-        }
+        count_evictions(call.namespace, made);
     }
 
     fn settle_now(&self, call: &Settle<'_>) {
         let c = &call.charge;
         let key = (c.namespace.id(), *c.key);
         let now = call.now_ms;
-        self.inner.rates.update(key, now, |entry| {
+        let ((), room) = self.inner.rates.update(key, now, |entry| {
             let mut fresh = Entry {
                 slots: SmallVec::new(),
                 used: Share::NONE,
@@ -405,6 +404,8 @@ impl MemoryStore {
             }
             ((), (made && !fresh.slots.is_empty()).then_some(fresh))
         });
+        // Debt on a bucket that is gone is new state, which may need room.
+        count_evictions(c.namespace, room);
     }
 
     fn status_now(&self, call: &Charge<'_>) -> Decision {
@@ -421,6 +422,14 @@ impl MemoryStore {
             .rates
             .read(&key, call.now_ms, |e| peek(Some(e)))
             .unwrap_or_else(|| peek(None))
+    }
+}
+
+/// Counts the live keys evicted to make room for a key of `namespace`.
+fn count_evictions(namespace: &super::Namespace, made: bounded::Made) {
+    if made.evicted > 0 {
+        metrics::counter!("ratelimit_memory_evictions_total", "limiter" => namespace.name().to_owned())
+            .increment(made.evicted as u64);
     }
 }
 

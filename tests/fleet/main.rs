@@ -1,6 +1,7 @@
 //! Limits across a fleet: coordinated mode, the fleet load shedder, runtime
 //! and shared limits, the advisor, and the built examples (the demo server,
-//! the LLM gateway) run as black boxes.
+//! the LLM gateway) run as black boxes; the `limiter` label on the series
+//! the extras count off the request path.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -25,5 +26,7 @@ mod demo_redis;
 mod fleet_shed;
 #[cfg(feature = "axum")]
 mod llm_gateway;
+#[cfg(feature = "redis")]
+mod metric_labels;
 #[cfg(feature = "redis")]
 mod runtime_limits;

@@ -1,6 +1,7 @@
 //! The layers over HTTP: through real servers and clients over TCP, through
 //! `oneshot`, and through tonic: headers, settlement, keys, gRPC, the
-//! concurrency limiter, the load shedder and adaptive limits.
+//! concurrency limiter, the load shedder and adaptive limits, and the
+//! `limiter` label on every series each layer registers.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -12,6 +13,7 @@ mod concurrency;
 mod grpc;
 mod layer_http;
 mod load_shed;
+mod metric_labels;
 #[cfg(feature = "axum")]
 mod settlement;
 #[cfg(feature = "redis")]

@@ -2,6 +2,7 @@
 //! key cap under a flood of distinct keys.
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tower_ratelimit::key::Key;
 use tower_ratelimit::store::{Charge, MemoryStore, Namespace, Settle, Store};
@@ -23,8 +24,9 @@ fn hourly(limit: u64) -> Policy {
     Policy::new(Quota::new(limit, Duration::from_secs(3600)).unwrap())
 }
 
-/// `ratelimit_memory_evictions_total` as `f` leaves it.
-fn evictions(f: impl FnOnce()) -> u64 {
+/// `ratelimit_memory_evictions_total` as `f` leaves it, per `limiter`
+/// label (`None` for a series without one).
+fn evictions(f: impl FnOnce()) -> BTreeMap<Option<String>, u64> {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, f);
@@ -32,11 +34,24 @@ fn evictions(f: impl FnOnce()) -> u64 {
         .snapshot()
         .into_vec()
         .into_iter()
-        .find(|(k, ..)| k.key().name() == "ratelimit_memory_evictions_total")
-        .map_or(0, |(.., v)| match v {
-            DebugValue::Counter(n) => n,
-            other => panic!("{other:?}"),
+        .filter(|(k, ..)| k.key().name() == "ratelimit_memory_evictions_total")
+        .map(|(k, .., v)| {
+            let limiter = k
+                .key()
+                .labels()
+                .find(|l| l.key() == "limiter")
+                .map(|l| l.value().to_owned());
+            match v {
+                DebugValue::Counter(n) => (limiter, n),
+                other => panic!("{other:?}"),
+            }
         })
+        .collect()
+}
+
+/// Evictions counted for `limiter` alone.
+fn only(limiter: &str, n: u64) -> BTreeMap<Option<String>, u64> {
+    BTreeMap::from([(Some(limiter.to_owned()), n)])
 }
 
 const CAP: usize = 10_000;
@@ -88,7 +103,7 @@ fn a_flood_of_distinct_keys_costs_the_flooder_not_the_newcomer_nor_the_heavy_cli
     );
     // Every key past the cap made room for itself by evicting one.
     let extra = FLOOD + 2 - store.len() as u64;
-    assert_eq!(evicted, extra, "evictions are counted");
+    assert_eq!(evicted, only("flood", extra), "evictions are counted");
 }
 
 #[test]
@@ -107,7 +122,75 @@ fn expired_state_makes_room_before_any_live_key_is_evicted() {
         }
     });
     assert!(store.len() <= 1_000);
-    assert_eq!(evicted, 0, "only expired state was reclaimed");
+    assert_eq!(evicted, BTreeMap::new(), "only expired state was reclaimed");
+}
+
+/// Two limiters share a full store: the evictions count under the limiter
+/// whose new keys needed the room, labelled with its name.
+#[test]
+fn evictions_are_counted_for_the_limiter_whose_new_key_needed_the_room() {
+    let store = MemoryStore::builder().max_keys(100).shards(1).build();
+    let (first, second) = (Namespace::new("first"), Namespace::new("second"));
+    let policy = hourly(5);
+    let evicted = evictions(|| {
+        for i in 0..100 {
+            assert!(charge(&store, &first, key(i), &policy, 0).is_allowed());
+        }
+        for i in 0..10 {
+            assert!(charge(&store, &second, key(i), &policy, 0).is_allowed());
+        }
+    });
+    assert_eq!(store.len(), 100);
+    assert_eq!(evicted, only("second", 10));
+}
+
+/// A settlement can make new state (debt on a bucket that is gone, which
+/// is a full one): when the store is full, the room it takes is an
+/// eviction like any other, and is counted.
+#[test]
+fn a_settlement_that_makes_room_in_a_full_store_counts_its_eviction() {
+    let store = MemoryStore::builder().max_keys(1).shards(1).build();
+    let ns = Namespace::new("settled");
+    let bucket = Policy::new(
+        Quota::new(10, Duration::from_secs(3600))
+            .unwrap()
+            .with_algorithm(tower_ratelimit::Algorithm::TokenBucket)
+            .unwrap()
+            .with_unit("tokens")
+            .unwrap(),
+    );
+    let (debtor, other) = (Key::new("debtor"), Key::new("other"));
+    let ask = |now_ms| Charge {
+        namespace: &ns,
+        key: &debtor,
+        policy: &bucket,
+        cost: 1,
+        units: 1,
+        now_ms,
+        timeout: Duration::from_millis(50),
+    };
+    let d = store.charge(&ask(0)).now_or_never().unwrap().unwrap();
+    assert!(d.is_allowed());
+    let by_charge = evictions(|| {
+        assert!(charge(&store, &ns, other, &bucket, 1).is_allowed());
+    });
+    assert_eq!(
+        by_charge,
+        only("settled", 1),
+        "the debtor's bucket made room"
+    );
+    let by_settlement = evictions(|| {
+        // It used five tokens, not one: four more, to a bucket no longer held.
+        store
+            .settle(&Settle::units(ask(0), &d, 5, 2))
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+    });
+    assert_eq!(by_settlement, only("settled", 1), "`other` made room");
+    assert_eq!(store.len(), 1);
+    let d = store.charge(&ask(3)).now_or_never().unwrap().unwrap();
+    assert_eq!(d.statuses()[0].remaining, 5, "the debt was kept");
 }
 
 #[test]

@@ -1,12 +1,15 @@
 //! The Redis store against real `redis-server` processes: the store and its
 //! batching, faults and overload, TLS, Sentinel, Cluster, the sharded store,
-//! secrets in output, the seams where parts meet, and the chaos soak.
+//! secrets in output, the seams where parts meet, the chaos soak, and the
+//! `limiter` label on every series of a limiter on Redis.
 
 #[path = "../support/mod.rs"]
 mod support;
 
 #[cfg(feature = "sentinel")]
 mod chaos;
+#[cfg(feature = "redis")]
+mod metric_labels;
 #[cfg(feature = "redis")]
 mod redis_batching;
 #[cfg(feature = "cluster")]

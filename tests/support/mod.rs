@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod example;
 pub mod http;
+pub mod labels;
 pub mod logs;
 pub mod managed;
 pub mod poll;
