@@ -160,15 +160,8 @@ fn a_settlement_that_makes_room_in_a_full_store_counts_its_eviction() {
             .unwrap(),
     );
     let (debtor, other) = (Key::new("debtor"), Key::new("other"));
-    let ask = |now_ms| Charge {
-        namespace: &ns,
-        key: &debtor,
-        policy: &bucket,
-        cost: 1,
-        units: 1,
-        now_ms,
-        timeout: Duration::from_millis(50),
-    };
+    let ask =
+        |now_ms| Charge::new(&ns, &debtor, &bucket, now_ms).with_timeout(Duration::from_millis(50));
     let d = store.charge(&ask(0)).now_or_never().unwrap().unwrap();
     assert!(d.is_allowed());
     let by_charge = evictions(|| {
