@@ -254,11 +254,12 @@ impl<K> Builder<K> {
     ///     .build()
     ///     .unwrap();
     /// ```
-    pub fn on_key_error<F>(mut self, f: F) -> Self
+    pub fn on_key_error<F, B>(mut self, f: F) -> Self
     where
-        F: Fn(&KeyError) -> Response<Bytes> + Send + Sync + 'static,
+        F: Fn(&KeyError) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
     {
-        self.common.on_key_error = Arc::new(f);
+        self.common.on_key_error = Arc::new(move |r| f(r).map(Into::into));
         self
     }
 }

@@ -233,11 +233,12 @@ impl Builder<Settings> {
     ///     .build()
     ///     .unwrap();
     /// ```
-    pub fn on_rejection<F>(mut self, f: F) -> Self
+    pub fn on_rejection<F, B>(mut self, f: F) -> Self
     where
-        F: Fn(&ConcurrencyRejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
+        F: Fn(&ConcurrencyRejection<'_>) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
     {
-        self.kind.on_rejection = Arc::new(f);
+        self.kind.on_rejection = Arc::new(move |r| f(r).map(Into::into));
         self
     }
 

@@ -484,25 +484,28 @@ impl Builder<Settings> {
         self
     }
 
-    /// Replaces the 429 response (the rate-limit headers are still added to it).
+    /// Replaces the 429 response (the rate-limit headers are still added to
+    /// it): any `http::Response` whose body becomes [`Bytes`] (a `String`, a
+    /// `&'static str`, a `Vec<u8>`).
     ///
     /// ```
     /// # use std::num::NonZeroU32;
-    /// use bytes::Bytes;
     /// use tower_ratelimit::{Quota, RateLimitLayer};
     /// let layer = RateLimitLayer::builder()
     ///     .quota(Quota::per_second(NonZeroU32::new(1).unwrap()))
-    ///     .on_rejection(|_r| {
-    ///         http::Response::builder().status(429).body(Bytes::from("slow down")).unwrap()
+    ///     .on_rejection(|r| {
+    ///         let body = format!("slow down: try again in {}s", r.retry_after_secs().unwrap_or(1));
+    ///         http::Response::builder().status(429).body(body).unwrap()
     ///     })
     ///     .build()
     ///     .unwrap();
     /// ```
-    pub fn on_rejection<F>(mut self, f: F) -> Self
+    pub fn on_rejection<F, B>(mut self, f: F) -> Self
     where
-        F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
+        F: Fn(&Rejection<'_>) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
     {
-        self.kind.on_rejection = Arc::new(f);
+        self.kind.on_rejection = Arc::new(move |r| f(r).map(Into::into));
         self
     }
 

@@ -371,11 +371,12 @@ impl Builder<Settings> {
     ///     .build()
     ///     .unwrap();
     /// ```
-    pub fn on_shed<F>(mut self, f: F) -> Self
+    pub fn on_shed<F, B>(mut self, f: F) -> Self
     where
-        F: Fn(&Overloaded) -> Response<Bytes> + Send + Sync + 'static,
+        F: Fn(&Overloaded) -> Response<B> + Send + Sync + 'static,
+        B: Into<Bytes>,
     {
-        self.kind.on_shed = Arc::new(f);
+        self.kind.on_shed = Arc::new(move |r| f(r).map(Into::into));
         self
     }
 
