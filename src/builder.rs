@@ -27,17 +27,12 @@ use crate::error::{ConfigError, ConfigErrorKind};
 use crate::failure::{CircuitBreaker, OnStoreError};
 use crate::headers::HeaderStyle;
 use crate::key::KeyError;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Store, DEFAULT_TIMEOUT};
 use bytes::Bytes;
 use http::Response;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The default store timeout: far above a healthy Redis round trip (well under
-/// a millisecond on a LAN, a few at p99.9), and small next to the request
-/// budgets of the services it protects.
-pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 
 pub(crate) type KeyErrorFn = dyn Fn(&KeyError) -> Response<Bytes> + Send + Sync;
 
@@ -71,12 +66,12 @@ impl<K> Builder<K> {
                 name: name.into(),
                 store: None,
                 clock: Arc::new(SystemClock),
-                store_timeout: DEFAULT_STORE_TIMEOUT,
+                store_timeout: DEFAULT_TIMEOUT,
                 on_store_error: OnStoreError::default(),
                 breaker: CircuitBreaker::new(),
                 shadow: false,
                 headers: HeaderStyle::default(),
-                on_key_error: Arc::new(crate::problem::default_key_error),
+                on_key_error: Arc::new(crate::key::default_key_error),
             },
             kind,
         }
@@ -142,7 +137,7 @@ impl<K> Builder<K> {
     }
 
     /// How long the store may take to answer one call (default
-    /// [`DEFAULT_STORE_TIMEOUT`]); past it, the call is a store failure,
+    /// [`DEFAULT_TIMEOUT`]); past it, the call is a store failure,
     /// answered per [`on_store_error`](Self::on_store_error).
     ///
     /// It measures the store: for the Redis store, from when the call leaves

@@ -2,7 +2,6 @@
 //! (`application/problem+json`), and as gRPC statuses for gRPC calls.
 
 use crate::grpc;
-use crate::key::{KeyError, KeyErrorKind};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::fmt::Write as _;
@@ -74,26 +73,6 @@ impl Problem<'_> {
         );
         res
     }
-}
-
-/// The default answer to a request whose key could not be extracted, as a
-/// problem document naming what is missing: `400 Bad Request` when the
-/// request lacks it ([`KeyErrorKind::Client`]), `500` when the application is
-/// misconfigured ([`KeyErrorKind::Server`]).
-///
-/// ```
-/// use tower_ratelimit::key::{default_key_error, KeyError};
-/// let res = default_key_error(&KeyError::client("api_key", "header `x-api-key` is missing"));
-/// assert_eq!(res.status(), 400);
-/// let res = default_key_error(&KeyError::server("peer_ip", "no ConnectInfo in the request"));
-/// assert_eq!(res.status(), 500);
-/// ```
-pub fn default_key_error(err: &KeyError) -> Response<Bytes> {
-    let status = match err.kind() {
-        KeyErrorKind::Client => StatusCode::BAD_REQUEST,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    Problem::new(status, &err.to_string()).response()
 }
 
 /// The limiter cannot decide (store down and failing closed): 503 with

@@ -20,10 +20,6 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The default lease: how long a slot counts when its instance dies without
-/// releasing it. Above the request timeouts of most APIs.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-
 /// One limiter's slots: where they live, how long they are leased, and what
 /// happens when the store fails.
 pub(crate) struct Slots {

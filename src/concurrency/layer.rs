@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
-use crate::slots::DEFAULT_LEASE;
+use crate::store::DEFAULT_LEASE;
 
 /// Limits how many requests per key are in flight at once.
 ///

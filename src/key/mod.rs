@@ -42,7 +42,6 @@ mod request;
 mod test_util;
 mod value;
 
-pub use crate::problem::default_key_error;
 pub use api_key::ApiKey;
 pub use client_ip::ClientIp;
 pub use combinators::{And, ExemptIf, KeyExtractorExt, Or};
@@ -163,4 +162,24 @@ impl std::error::Error for KeyError {}
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Extracts the key from the request head.
     fn extract(&self, parts: &Parts) -> Result<Option<Key>, KeyError>;
+}
+
+/// The default answer to a request whose key could not be extracted, as a
+/// problem document naming what is missing: `400 Bad Request` when the
+/// request lacks it ([`KeyErrorKind::Client`]), `500` when the application is
+/// misconfigured ([`KeyErrorKind::Server`]).
+///
+/// ```
+/// use tower_ratelimit::key::{default_key_error, KeyError};
+/// let res = default_key_error(&KeyError::client("api_key", "header `x-api-key` is missing"));
+/// assert_eq!(res.status(), 400);
+/// let res = default_key_error(&KeyError::server("peer_ip", "no ConnectInfo in the request"));
+/// assert_eq!(res.status(), 500);
+/// ```
+pub fn default_key_error(err: &KeyError) -> http::Response<bytes::Bytes> {
+    let status = match err.kind() {
+        KeyErrorKind::Client => http::StatusCode::BAD_REQUEST,
+        _ => http::StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    crate::problem::Problem::new(status, &err.to_string()).response()
 }

@@ -82,7 +82,7 @@ pub type RateLimitLayerBuilder = Builder<Settings>;
 pub struct Settings {
     key: KeySource,
     policy: Option<PolicySource>,
-    cost: Option<Arc<super::limiter::CostFn>>,
+    cost: Option<Arc<super::settle::CostFn>>,
     settlement: Settlement,
     status_extension: bool,
     on_rejection: Arc<RejectionFn>,

@@ -8,7 +8,7 @@
 use super::deny_cache::Denials;
 use super::hooks::{Observe, Overrides};
 use super::response::Rejection;
-use super::settle::{Deferred, Dropped, Known, Usage};
+use super::settle::{CostFn, Deferred, Dropped, Known, RefundFn, SettleFn, TrailersFn, Usage};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -32,10 +32,6 @@ pub(crate) type AsyncKeyFn =
 pub(crate) type PolicyFn = dyn Fn(&Parts, &Key) -> Policy + Send + Sync;
 pub(crate) type AsyncPolicyFn =
     dyn Fn(&Parts, Key) -> BoxFuture<Result<Policy, KeyError>> + Send + Sync;
-pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
-pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
-pub(crate) type SettleFn = dyn Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync;
-pub(crate) type TrailersFn = dyn Fn(&HeaderMap) -> Option<u64> + Send + Sync;
 pub(crate) type RejectionFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type KeyErrorFn = crate::builder::KeyErrorFn;
 

@@ -5,12 +5,20 @@
 //! the cost when it is settled. (The response body carries the settlement
 //! to its end: `body.rs`.)
 
-use super::limiter::{CostFn, RefundFn, SettleFn, TrailersFn};
 use crate::Quota;
 use http::request::Parts;
 use http::{HeaderMap, StatusCode};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// What a request costs (or reserves), from its head.
+pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+/// Whether a response is free.
+pub(crate) type RefundFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
+/// What a request really cost, from its response head.
+pub(crate) type SettleFn = dyn Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync;
+/// What a request really cost, from its response's trailers.
+pub(crate) type TrailersFn = dyn Fn(&HeaderMap) -> Option<u64> + Send + Sync;
 
 /// What a request really cost, as its handler reports it: put in the
 /// extensions of each charged request by

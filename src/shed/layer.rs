@@ -12,7 +12,7 @@ use crate::error::{ConfigError, ConfigErrorKind};
 use crate::failure::LogThrottle;
 use crate::metrics::FLEET_SHED;
 use crate::slots::Slots;
-use crate::slots::DEFAULT_LEASE;
+use crate::store::DEFAULT_LEASE;
 use bytes::Bytes;
 use http::request::Parts;
 use http::Response;

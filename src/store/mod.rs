@@ -34,13 +34,12 @@ pub(crate) use self::redis::{SharedTable, TableRead, TableWrite};
 #[cfg(all(fuzzing, feature = "redis"))]
 #[doc(hidden)]
 pub use self::redis::fuzzing;
-pub use crate::slots::DEFAULT_LEASE;
 pub use backend::Store;
-pub use call::{Charge, Namespace, Settle};
+pub use call::{Charge, Namespace, Settle, DEFAULT_TIMEOUT};
 #[cfg(feature = "coordinated")]
 #[cfg_attr(docsrs, doc(cfg(feature = "coordinated")))]
 pub use coordinated::{Coordinated, CoordinatedBuilder};
 pub use future::StoreFuture;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use sharded::{ShardedStore, ShardedStoreBuilder};
-pub use slots::{Acquire, Occupancy, Release, SlotId};
+pub use slots::{Acquire, Occupancy, Release, SlotId, DEFAULT_LEASE};

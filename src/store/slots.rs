@@ -47,6 +47,10 @@ impl fmt::Debug for SlotId {
     }
 }
 
+/// The default lease: how long a slot counts when its instance dies without
+/// releasing it. Above the request timeouts of most APIs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
 /// One attempt to take a slot: at most `limit` slots per key, each leased until
 /// `now_ms + lease`.
 #[derive(Debug)]
@@ -70,8 +74,8 @@ pub struct Acquire<'a> {
 
 impl<'a> Acquire<'a> {
     /// An attempt to take slot `id` of at most `limit` for `key` at
-    /// `now_ms`, with the default lease ([`DEFAULT_LEASE`](crate::store::DEFAULT_LEASE))
-    /// and store timeout ([`DEFAULT_STORE_TIMEOUT`](crate::builder::DEFAULT_STORE_TIMEOUT)).
+    /// `now_ms`, with the default lease ([`DEFAULT_LEASE`])
+    /// and store timeout ([`DEFAULT_TIMEOUT`](crate::store::DEFAULT_TIMEOUT)).
     pub fn new(
         namespace: &'a Namespace,
         key: &'a Key,
@@ -85,8 +89,8 @@ impl<'a> Acquire<'a> {
             id,
             limit,
             now_ms,
-            lease: crate::slots::DEFAULT_LEASE,
-            timeout: crate::builder::DEFAULT_STORE_TIMEOUT,
+            lease: DEFAULT_LEASE,
+            timeout: super::call::DEFAULT_TIMEOUT,
         }
     }
 
