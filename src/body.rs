@@ -132,8 +132,9 @@ pin_project! {
     /// `G` until the body has produced its last frame, failed, or been dropped
     /// (a client that disconnects mid-response), whichever comes first.
     ///
-    /// The body of [`ConcurrencyLimit`](crate::concurrency::ConcurrencyLimit)
-    /// and [`LoadShed`](crate::shed::LoadShed) responses.
+    /// The body of [`Guarded`](crate::guarded::Guarded) responses: `G` is the
+    /// concurrency limiter's [`Slot`](crate::concurrency::Slot) or the load
+    /// shedder's [`Admission`](crate::shed::Admission).
     #[derive(Debug)]
     pub struct GuardedBody<B, G> {
         #[pin]

@@ -58,6 +58,7 @@ pub mod decision;
 mod error;
 pub mod failure;
 pub mod grpc;
+pub mod guarded;
 pub mod headers;
 pub mod key;
 mod later;

@@ -1,11 +1,11 @@
 //! [`ConcurrencyLimitLayer`] and its builder.
 
-use super::limiter::{Limit, Limiter, RejectionFn};
+use super::limiter::{Limit, Limiter, RejectionFn, Slot};
 use super::response::{default_rejection, ConcurrencyRejection};
-use super::service::ConcurrencyLimit;
 use crate::adaptive::{Adaptive, AdaptiveLimit};
 use crate::builder::Builder;
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::guarded::Guarded;
 use crate::key::{Global, KeyExtractor};
 use crate::metrics::CONCURRENCY;
 use crate::slots::Slots;
@@ -106,10 +106,10 @@ impl ConcurrencyLimitLayer {
 }
 
 impl<S> Layer<S> for ConcurrencyLimitLayer {
-    type Service = ConcurrencyLimit<S>;
+    type Service = Guarded<S, Slot>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimit::new(inner, self.limiter.clone())
+        Guarded::new(inner, self.limiter.clone())
     }
 }
 

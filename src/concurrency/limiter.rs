@@ -7,6 +7,7 @@ use crate::adaptive::AdaptiveLimit;
 use crate::builder::KeyErrorFn;
 use crate::failure::Log;
 use crate::grpc;
+use crate::guarded::Gate;
 use crate::headers::HeaderStyle;
 use crate::key::KeyExtractor;
 use crate::later::Later;
@@ -80,7 +81,7 @@ impl Slot {
     /// limit learns the service's latency now, not when the client has read
     /// the body, so slow readers cannot move it. The slot itself is held on
     /// until the body ends.
-    pub(crate) fn answered(&mut self) {
+    fn answered(&mut self) {
         if let Some(s) = self.sample.take() {
             let limit = s.limit.sample(s.started.elapsed(), s.in_flight);
             self.held.metrics().limit.set(limit as f64);
@@ -96,14 +97,12 @@ impl Drop for Slot {
     }
 }
 
-impl Limiter {
-    pub(crate) fn metrics(&self) -> &Metrics {
-        self.slots.metrics()
-    }
+impl Gate for Limiter {
+    type Guard = Slot;
 
     /// The whole path of one request to its verdict: its key, then one
     /// acquire (bounded by the store timeout, behind the breaker).
-    pub(crate) fn decide(self: &Arc<Self>, parts: &Parts) -> Later<Verdict> {
+    fn decide(self: Arc<Self>, parts: &Parts) -> Later<Verdict> {
         let grpc = grpc::is_grpc(parts);
         let key = match self.key.extract(parts) {
             Ok(Some(key)) => key,
@@ -121,11 +120,26 @@ impl Limiter {
         };
         match self.slots.take(key, self.limit.now()) {
             Later::Now(taken) => Later::Now(self.verdict(taken, grpc)),
-            Later::Pending(taken) => {
-                let this = self.clone();
-                Later::pending(async move { this.verdict(taken.await, grpc) })
-            }
+            Later::Pending(taken) => Later::pending(async move { self.verdict(taken.await, grpc) }),
         }
+    }
+
+    fn answered(slot: &mut Slot) {
+        slot.answered();
+    }
+
+    fn name(&self) -> &str {
+        self.slots.namespace.name()
+    }
+
+    fn middleware(&self) -> &'static str {
+        "concurrency"
+    }
+}
+
+impl Limiter {
+    pub(crate) fn metrics(&self) -> &Metrics {
+        self.slots.metrics()
     }
 
     /// Acts on what the store (or the failure policy) said.

@@ -38,6 +38,13 @@
 //! Redis is spawned, never awaited on the response path, and bounded by the
 //! store timeout.
 //!
+//! The layer's service is [`Guarded<S, Slot>`](crate::guarded::Guarded),
+//! shared with the load shedder: its response future is
+//! [`ResponseFuture<S, ReqBody, Slot>`](crate::guarded::ResponseFuture), and
+//! its response body [`GuardedBody<ResBody, Slot>`](crate::body::GuardedBody)
+//! — the inner service's body holding the slot until it has been sent, or
+//! the limiter's own 429.
+//!
 //! # Fleet-wide, through Redis
 //!
 //! With a `RedisStore` (feature `redis`) each key's slots are one sorted set of
@@ -88,19 +95,10 @@
 //! | `concurrency_breaker_state` | gauge | | 0 closed, 1 open, 2 half-open |
 //! | `concurrency_releases_total` | counter | `result` = `ok`, `failed` | slots given back to the store |
 
-mod future;
 pub(crate) mod layer;
 mod limiter;
 mod response;
-mod service;
 
-pub use future::ResponseFuture;
 pub use layer::Settings;
 pub use limiter::Slot;
 pub use response::{default_rejection, ConcurrencyRejection};
-pub use service::ConcurrencyLimit;
-
-/// The concurrency limiter's response body: the inner service's body holding
-/// the request's [`Slot`] until it has been sent (last frame, error, or drop
-/// on a client disconnect), or the limiter's own 429.
-pub type ResponseBody<B> = crate::body::GuardedBody<B, Slot>;

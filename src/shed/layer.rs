@@ -1,15 +1,15 @@
 //! [`LoadShedLayer`] and its builder.
 
 use super::priority::Priority;
-use super::service::LoadShed;
 use super::shedder::{
-    default_response, share_of, Capacity, ClassifyFn, Fleet, Overloaded, ShedFn, Shedder,
-    UtilisationFn, FLEET_KEY,
+    default_response, share_of, Admission, Capacity, ClassifyFn, Fleet, Overloaded, ShedFn,
+    Shedder, UtilisationFn, FLEET_KEY,
 };
 use crate::adaptive::Adaptive;
 use crate::builder::Builder;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::failure::LogThrottle;
+use crate::guarded::Guarded;
 use crate::metrics::FLEET_SHED;
 use crate::slots::Slots;
 use crate::store::DEFAULT_LEASE;
@@ -137,10 +137,10 @@ impl LoadShedLayer {
 }
 
 impl<S> Layer<S> for LoadShedLayer {
-    type Service = LoadShed<S>;
+    type Service = Guarded<S, Admission>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LoadShed::new(inner, self.shedder.clone())
+        Guarded::new(inner, self.shedder.clone())
     }
 }
 

@@ -17,6 +17,14 @@
 //! let app: Router = Router::new().route("/charges", get(|| async { "ok" })).layer(shed);
 //! ```
 //!
+//! The layer's service is [`Guarded<S, Admission>`](crate::guarded::Guarded),
+//! shared with the concurrency limiter: its response future is
+//! [`ResponseFuture<S, ReqBody, Admission>`](crate::guarded::ResponseFuture),
+//! and its response body
+//! [`GuardedBody<ResBody, Admission>`](crate::body::GuardedBody) — the inner
+//! service's body holding the request's [`Admission`] (it counts in flight)
+//! until it has been sent, or the shedder's own 503.
+//!
 //! # Classes and shares
 //!
 //! | class | may use (default) | shed when |
@@ -121,20 +129,11 @@
 //! | `load_shed_fleet_breaker_state` | gauge | | 0 closed, 1 open, 2 half-open |
 //! | `load_shed_fleet_releases_total` | counter | `result` = `ok`, `failed` | fleet slots given back |
 
-mod future;
 pub(crate) mod layer;
 mod metrics;
 mod priority;
-mod service;
 mod shedder;
 
-pub use future::ResponseFuture;
 pub use layer::{Settings, DEFAULT_SHARES};
 pub use priority::{ParsePriorityError, Priority};
-pub use service::LoadShed;
 pub use shedder::{default_response, Admission, Overloaded};
-
-/// The load shedder's response body: the inner service's body holding the
-/// request's [`Admission`] (it counts in flight) until it has been sent, or
-/// the shedder's own 503.
-pub type ResponseBody<B> = crate::body::GuardedBody<B, Admission>;

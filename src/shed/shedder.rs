@@ -5,6 +5,7 @@ use super::metrics::Metrics;
 use super::priority::Priority;
 use crate::adaptive::{Adaptive, AdaptiveLimit};
 use crate::failure::{Log, LogThrottle};
+use crate::guarded::Gate;
 use crate::key::Key;
 use crate::later::Later;
 use crate::slots::{Held, Slots, Taken};
@@ -161,7 +162,7 @@ impl Admission {
     /// capacity learns the service's latency now, not when the client has
     /// read the body, so slow readers cannot move it. The request counts in
     /// flight until its body ends.
-    pub(crate) fn answered(&mut self) {
+    fn answered(&mut self) {
         if let (Some(started), Some(Capacity::Adaptive(a))) =
             (self.started.take(), &self.shedder.capacity)
         {
@@ -192,8 +193,8 @@ impl fmt::Debug for Admission {
 }
 
 /// What the shedder decided for one request: run it, holding the admission
-/// until the response is done, or answer with a 503.
-pub(crate) type Verdict = crate::later::Verdict<Admission>;
+/// (always there) until the response is done, or answer with a 503.
+pub(crate) type Verdict = crate::later::Verdict<Option<Admission>>;
 
 /// Whether a class may start another request: below its share of the
 /// utilisation signal (if any) and, with a capacity, below its limit of
@@ -205,6 +206,46 @@ pub(crate) fn admits(
     in_flight: u64,
 ) -> bool {
     utilisation.is_none_or(|u| u <= share) && limit.is_none_or(|l| in_flight < l)
+}
+
+impl Gate for Shedder {
+    type Guard = Admission;
+
+    /// Classifies and decides: this process's capacity and utilisation
+    /// first (no store call for a request shed here), then the fleet's.
+    fn decide(self: Arc<Self>, parts: &Parts) -> Later<Verdict> {
+        let class = (self.classify)(parts);
+        let grpc = crate::grpc::is_grpc(parts);
+        let (admission, would_shed) = match self.admit_here(class) {
+            Ok(admission) => (admission, false),
+            Err(refused) if self.shadow => (self.shadow_admit(class, &refused), true),
+            Err(refused) => return Later::Now(Verdict::Answer(self.shed(class, grpc, refused))),
+        };
+        let Some(fleet) = &self.fleet else {
+            return Later::Now(self.admitted(class, admission));
+        };
+        let limit = fleet.limits[class.index()];
+        match fleet.slots.take(fleet.key, limit) {
+            Later::Now(taken) => {
+                Later::Now(self.fleet_verdict(class, grpc, admission, would_shed, taken))
+            }
+            Later::Pending(taken) => Later::pending(async move {
+                self.fleet_verdict(class, grpc, admission, would_shed, taken.await)
+            }),
+        }
+    }
+
+    fn answered(admission: &mut Admission) {
+        admission.answered();
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn middleware(&self) -> &'static str {
+        "shed"
+    }
 }
 
 impl Shedder {
@@ -225,33 +266,6 @@ impl Shedder {
         let u = u.clamp(0.0, 1.0);
         self.metrics().utilisation.set(u);
         Some(u)
-    }
-
-    /// Classifies and decides: this process's capacity and utilisation
-    /// first (no store call for a request shed here), then the fleet's.
-    pub(crate) fn admit(self: &Arc<Self>, parts: &Parts) -> Later<Verdict> {
-        let class = (self.classify)(parts);
-        let grpc = crate::grpc::is_grpc(parts);
-        let (admission, would_shed) = match self.admit_here(class) {
-            Ok(admission) => (admission, false),
-            Err(refused) if self.shadow => (self.shadow_admit(class, &refused), true),
-            Err(refused) => return Later::Now(Verdict::Answer(self.shed(class, grpc, refused))),
-        };
-        let Some(fleet) = &self.fleet else {
-            return Later::Now(self.admitted(class, admission));
-        };
-        let limit = fleet.limits[class.index()];
-        match fleet.slots.take(fleet.key, limit) {
-            Later::Now(taken) => {
-                Later::Now(self.fleet_verdict(class, grpc, admission, would_shed, taken))
-            }
-            Later::Pending(taken) => {
-                let this = self.clone();
-                Later::pending(async move {
-                    this.fleet_verdict(class, grpc, admission, would_shed, taken.await)
-                })
-            }
-        }
     }
 
     /// Takes a place in this process's count if the class is below its
@@ -304,7 +318,7 @@ impl Shedder {
 
     fn admitted(&self, class: Priority, admission: Admission) -> Verdict {
         self.metrics().admitted[class.index()].increment(1);
-        Verdict::Forward(admission)
+        Verdict::Forward(Some(admission))
     }
 
     /// Acts on the fleet's answer for a request this process admitted.
