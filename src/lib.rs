@@ -24,8 +24,11 @@
 //! The shared modules: [`key`] (which client a request counts against),
 //! [`Quota`] and [`Policy`] (how much), [`store`] (where state lives: [`MemoryStore`](store::MemoryStore)
 //! per process, `RedisStore` for the fleet), [`headers`] (what responses
-//! say), [`clock`], [`failure`] (what a store failure does), [`metrics`] and
-//! [`grpc`]. The builders share their common options: [`builder::Builder`].
+//! say), [`clock`], [`failure`] (what a store failure does), [`metrics`],
+//! [`grpc`], [`decision`] (what a store answers), [`adaptive`] (limits found
+//! from latency), [`body`] (the response bodies) and [`guarded`] (the service
+//! and future of the concurrency limiter and the shedder). The builders
+//! share their common options: [`builder::Builder`].
 //!
 //! Cargo features:
 //!
