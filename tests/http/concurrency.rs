@@ -909,3 +909,53 @@ async fn on_a_redis_cluster_slots_and_tombstones_share_one_hash_slot() {
     store.release(&release(b)).await.unwrap();
     assert_eq!(node.query::<i64>(&["ZCARD", &key]), 0);
 }
+
+/// A store that counts requests and keeps no slots: a custom store that
+/// implements only the charge.
+#[derive(Debug)]
+struct CountsOnly;
+
+impl Store for CountsOnly {
+    fn charge(
+        &self,
+        call: &tower_ratelimit::store::Charge<'_>,
+    ) -> tower_ratelimit::store::StoreFuture<
+        Result<tower_ratelimit::decision::Decision, tower_ratelimit::StoreError>,
+    > {
+        MemoryStore::new().charge(call)
+    }
+
+    fn settle(
+        &self,
+        _: &tower_ratelimit::store::Settle<'_>,
+    ) -> tower_ratelimit::store::StoreFuture<Result<(), tower_ratelimit::StoreError>> {
+        tower_ratelimit::store::StoreFuture::ready(Ok(()))
+    }
+
+    fn status(
+        &self,
+        call: &tower_ratelimit::store::Charge<'_>,
+    ) -> tower_ratelimit::store::StoreFuture<
+        Result<tower_ratelimit::decision::Decision, tower_ratelimit::StoreError>,
+    > {
+        MemoryStore::new().status(call)
+    }
+}
+
+#[test]
+fn a_store_that_keeps_no_slots_is_refused_when_the_layer_is_built_naming_the_stores_that_do() {
+    let err = ConcurrencyLimitLayer::builder()
+        .limit(2)
+        .store(CountsOnly)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), tower_ratelimit::ConfigErrorKind::Conflict);
+    assert!(err.to_string().contains("keeps no slots"), "{err}");
+    assert!(err.to_string().contains("MemoryStore"), "{err}");
+    let shed = tower_ratelimit::LoadShedLayer::builder()
+        .fleet_capacity(4)
+        .store(CountsOnly)
+        .build()
+        .unwrap_err();
+    assert_eq!(shed.kind(), tower_ratelimit::ConfigErrorKind::Conflict);
+}
