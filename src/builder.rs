@@ -141,9 +141,10 @@ impl<K> Builder<K> {
     /// answered per [`on_store_error`](Self::on_store_error).
     ///
     /// It measures the store: for the Redis store, from when the call leaves
-    /// for Redis (connecting included) until its reply, on the store's own
-    /// I/O thread. Time a charge waits for its batch, or for a busy
-    /// application runtime to poll the request, does not count: an
+    /// for Redis (connecting included) until its reply, and judged only
+    /// after every reply already received has been read. Time a charge
+    /// waits for its batch, or for a busy application runtime to poll the
+    /// request, does not count: an
     /// overloaded instance decides later, never fails open for it. A store
     /// that does not bound its own calls is bounded by the layer from the
     /// first poll.

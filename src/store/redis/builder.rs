@@ -348,7 +348,7 @@ impl RedisStoreBuilder {
             tls: self.tls.clone(),
         };
         let lanes = |node: Node, n: usize, eviction: Option<EvictionCheck>| {
-            Lanes::new(node, n, eviction, self.response_timeout)
+            Arc::new(Lanes::new(node, n, eviction, settings.response_timeout))
         };
         let (primary, name, shown, sentinel_replicas) = match &self.target {
             Target::Url(url) => {
@@ -356,7 +356,7 @@ impl RedisStoreBuilder {
                 let name = node_name(&node::connection_info(url, &settings.tls)?);
                 let shown = node.shown().to_owned();
                 let primary = lanes(node, self.connections, Some(self.eviction));
-                (Primary::Lanes(Arc::new(primary)), name, shown, None)
+                (Primary::Lanes(primary), name, shown, None)
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(urls) => {
@@ -393,12 +393,7 @@ impl RedisStoreBuilder {
                 let shown = to_primary.shown().to_owned();
                 let primary = lanes(to_primary, self.connections, Some(self.eviction));
                 let replicas = lanes(to_replicas, 1, None);
-                (
-                    Primary::Lanes(Arc::new(primary)),
-                    name,
-                    shown,
-                    Some(replicas),
-                )
+                (Primary::Lanes(primary), name, shown, Some(replicas))
             }
         };
         let mut replicas = self
@@ -510,7 +505,7 @@ mod sentinel {
                     TlsMode::Secure
                 };
                 if sentinel_tls || nodes.tls {
-                    node::install_crypto_provider();
+                    super::super::tls::install_crypto_provider();
                 }
                 if sentinel_tls {
                     b = b.set_client_to_sentinel_tls_mode(mode);
@@ -537,13 +532,13 @@ mod sentinel {
         let primary = build(SentinelServerType::Master)?;
         let replicas = build(SentinelServerType::Replica)?;
         Ok([
-            Node::sentinel(primary, shown.clone(), nodes.tls, settings),
+            Node::sentinel(primary, shown.clone(), nodes.tls, settings)?,
             Node::sentinel(
                 replicas,
                 shown.replace("the primary", "a replica"),
                 nodes.tls,
                 settings,
-            ),
+            )?,
         ])
     }
 }

@@ -29,7 +29,7 @@
 
 use super::error::redis_error;
 use super::eviction::{self, EvictionCheck};
-use super::lane::Call;
+use super::lane::{convert, Request};
 use super::node::{self, Settings};
 use super::url::Redacted;
 use crate::error::ConfigErrorKind;
@@ -77,7 +77,7 @@ impl ClusterLane {
             .tcp_settings(node::tcp_settings());
         #[cfg(feature = "tls")]
         if urls.iter().any(|u| u.starts_with("rediss:")) {
-            node::install_crypto_provider();
+            super::tls::install_crypto_provider();
             if settings.tls.insecure {
                 builder = builder.tls(redis::TlsMode::Insecure);
             }
@@ -135,11 +135,11 @@ impl ClusterLane {
     /// prove nothing ran.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
-        call: Call<'_>,
+        request: &Request,
         budget: Duration,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(budget, self.run_unbounded(call)).await {
-            Ok(r) => r,
+        match tokio::time::timeout(budget, self.run_unbounded(request)).await {
+            Ok(r) => convert(r?),
             Err(_) => Err(StoreError::Timeout(budget)),
         }
     }
@@ -176,7 +176,7 @@ impl ClusterLane {
         futures_util::future::join_all(sends).await
     }
 
-    async fn run_unbounded<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T, StoreError> {
+    async fn run_unbounded(&self, request: &Request) -> Result<Value, StoreError> {
         let mut target = Target {
             conn: self.connection().await?,
             slot: None,
@@ -184,7 +184,7 @@ impl ClusterLane {
         };
         let mut attempt = 0;
         loop {
-            let err = match call.send(&mut target).await {
+            let err = match request.send(&mut target).await {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };

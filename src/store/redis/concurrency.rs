@@ -90,10 +90,9 @@ impl RedisStore {
         let script = &*scripts::CONCURRENCY_ACQUIRE;
         let mut cmd = self.slot_cmd(script, call.namespace, call.key, sent, call.lease);
         cmd.arg(call.limit).arg(call.id.to_string());
-        let inner = self.inner.clone();
         let budget = call.timeout;
-        super::io::store_future(async move {
-            let reply: Vec<i64> = invoke(&inner.primary, script, &cmd, budget).await?;
+        self.call(|inner| async move {
+            let reply: Vec<i64> = invoke(&inner.primary, script, cmd, budget).await?;
             decode(sent, &reply)
         })
     }
@@ -103,10 +102,9 @@ impl RedisStore {
         let script = &*scripts::CONCURRENCY_RELEASE;
         let mut cmd = self.slot_cmd(script, call.namespace, call.key, call.now_ms, call.lease);
         cmd.arg(call.id.to_string());
-        let inner = self.inner.clone();
         let budget = call.timeout;
-        super::io::store_future(async move {
-            let _released: i64 = invoke(&inner.primary, script, &cmd, budget).await?;
+        self.call(|inner| async move {
+            let _released: i64 = invoke(&inner.primary, script, cmd, budget).await?;
             Ok(())
         })
     }

@@ -1,16 +1,23 @@
-//! The thread that talks to Redis.
+//! The thread where the store runs what redis-rs connects and drives itself.
 //!
-//! Every Redis call of every store in the process (its connections, their
-//! reader tasks, the batch runners and their timeouts) runs on one small
-//! tokio runtime of its own, not on the application's. An application whose
-//! runtime is saturated (every worker busy, thousands of tasks queued) still
-//! has its replies read as they arrive and its store timeouts measured
-//! against Redis alone: the limiter answers later, never fails open because
-//! the instance itself is busy. A request waits for its answer on a channel,
-//! from whatever runtime it runs on.
+//! A standalone primary's and its replicas' calls are made on the
+//! application's runtime, by the lanes' runners (see [`super::runner`]).
+//! Two things run instead on one small tokio runtime of the crate's own
+//! (thread `tower-ratelimit-redis`, started on first use and shared by
+//! every store in the process):
+//!
+//! - a Redis Cluster store's calls: redis-rs's cluster client spawns the
+//!   tasks that read its connections, and a spawned reader whose replies
+//!   wait for a saturated runtime to poll it would turn a healthy cluster's
+//!   late-polled replies into timeouts. On this thread they are read as
+//!   they arrive and timed against Redis alone;
+//! - asking Sentinel where the primary is: its connections to the
+//!   sentinels live here between failovers, whatever runtime asks.
+//!
+//! A caller waits for the answer on a channel, from whatever runtime it
+//! runs on.
 
 use crate::error::StoreError;
-use crate::store::future::StoreFuture;
 use std::future::Future;
 use std::sync::OnceLock;
 use tokio::runtime::{Builder, Handle};
@@ -39,7 +46,7 @@ fn runtime() -> Option<&'static Handle> {
 }
 
 /// Spawns `fut` on the Redis I/O runtime.
-pub(crate) fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
@@ -55,12 +62,13 @@ where
 
 /// A store call run on the Redis I/O runtime, as the store's answer: the
 /// caller waits for it from its own runtime.
-pub(crate) fn store_future<T, F>(fut: F) -> StoreFuture<Result<T, StoreError>>
+#[cfg(feature = "cluster")]
+pub(crate) fn store_future<T, F>(fut: F) -> crate::store::future::StoreFuture<Result<T, StoreError>>
 where
     F: Future<Output = Result<T, StoreError>> + Send + 'static,
     T: Send + 'static,
 {
-    StoreFuture::pending(call(fut))
+    crate::store::future::StoreFuture::pending(call(fut))
 }
 
 /// Runs a store call on the Redis I/O runtime; the caller waits for its

@@ -62,17 +62,23 @@
 //! (TLS handshake and `AUTH` included), the layer's store timeout around each
 //! call, and the response timeout after which a connection that answers
 //! nothing is replaced. A connection that failed or answered `READONLY` is
-//! replaced, and one idle for a second is checked before it carries a call.
+//! replaced, and one the server closed while it was idle is found closed
+//! before it carries a call.
 //! [`Store::connect`](crate::store::Store::connect) opens them before
 //! serving.
 //!
-//! Every connection, batch sent and store timeout runs on one thread of
-//! the crate's own (`tower-ratelimit-redis`, a small tokio runtime shared by
-//! every Redis store in the process), not on the application's runtime. An
-//! instance whose runtime is saturated still has its replies read as they
-//! arrive and its timeouts measured against Redis alone: its decisions get
-//! slower, never fail open because the instance is busy. A request waits
-//! for its answer on a channel, from any runtime. The application owns time: `now` comes from the layer's clock
+//! A connection (to a primary, a Sentinel-named primary or a replica) is
+//! opened on the application's runtime and served by one task there, its
+//! lane's runner, which polls redis-rs's connection driver itself: it
+//! writes the batches, reads the replies and times every call, with no
+//! hand-off to another thread. It reads every reply already in the socket
+//! before it judges a deadline, and judges one only after the runtime has
+//! polled its reactor since it passed: an instance whose runtime is
+//! saturated decides later, never fails open because the instance is busy.
+//! A Redis Cluster store's calls, and the questions to Sentinel, run on
+//! one thread of the crate's own (`tower-ratelimit-redis`).
+//!
+//! The application owns time: `now` comes from the layer's clock
 //! (or Redis `TIME`, see [`TimeSource`]); TTLs only clean up.
 //!
 //! # Keys
@@ -111,15 +117,19 @@ mod error;
 mod eviction;
 #[cfg(fuzzing)]
 pub mod fuzzing;
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 mod io;
 mod keys;
 mod lane;
 mod node;
 mod reply;
+mod runner;
 mod scripts;
 mod store;
 #[cfg(feature = "runtime-limits")]
 mod table;
+#[cfg(feature = "tls")]
+mod tls;
 mod url;
 
 #[cfg(feature = "advisor")]

@@ -1,20 +1,30 @@
 //! How a store reaches one Redis role (its primary, or a replica): a URL
 //! (`redis://`, `rediss://`, `unix://`, `redis+unix://`) or, with the
-//! `sentinel` feature, the node Sentinel names. redis-rs does the rest:
-//! the socket, TLS, `AUTH`, `SELECT`, RESP2 or RESP3.
+//! `sentinel` feature, the node Sentinel names.
+//!
+//! The store opens the socket itself, on the runtime of the lane that will
+//! use it (TCP without Nagle's delay, a Unix socket, or TLS through rustls:
+//! see [`super::tls`]), and redis-rs does the rest on it: the handshake
+//! (`HELLO`, `AUTH`, `SELECT`), RESP2 or RESP3, and the multiplexed
+//! connection. redis-rs hands back the connection's driver (the future that
+//! writes commands and reads replies) instead of spawning it: the lane's
+//! runner polls it, so a reply is read by the task that waits for it.
 
 use super::url::Redacted;
 use crate::error::ConfigErrorKind;
 use crate::error::{ConfigError, StoreError};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::MultiplexedConnection;
 use redis::{
-    self, io::tcp::TcpSettings, AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo,
-    IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value,
+    self, io::tcp::TcpSettings, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo,
+    IntoConnectionInfo, RedisConnectionInfo, RedisError, RedisResult,
 };
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::time::Instant;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// What a TLS connection trusts and presents (feature `tls`).
 #[derive(Clone, Default)]
@@ -31,13 +41,14 @@ pub(crate) struct Tls {
 }
 
 impl Tls {
-    /// Whether anything beyond the defaults is configured.
+    /// The TLS client for the connections the store opens itself.
     #[cfg(feature = "tls")]
-    fn is_custom(&self) -> bool {
-        self.ca.is_some() || self.client.is_some()
+    fn connector(&self) -> Result<super::tls::Connector, ConfigError> {
+        super::tls::Connector::new(self.ca.as_deref(), self.client.as_ref(), self.insecure)
     }
 
-    #[cfg(feature = "tls")]
+    /// The same settings for the connections redis-rs makes itself (Sentinel, Cluster).
+    #[cfg(all(feature = "tls", any(feature = "sentinel", feature = "cluster")))]
     pub(crate) fn certificates(&self) -> redis::TlsCertificates {
         redis::TlsCertificates {
             client_tls: self
@@ -60,29 +71,23 @@ pub(crate) struct Settings {
     pub(crate) tls: Tls,
 }
 
-impl Settings {
-    fn config(&self) -> AsyncConnectionConfig {
-        AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-    }
-}
-
 /// Where a [`Node`]'s connections go.
 enum Target {
-    Client(Client),
+    Url(Box<ConnectionInfo>),
     #[cfg(feature = "sentinel")]
-    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+    Sentinel(std::sync::Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
 }
 
 /// One Redis role and how to connect to it.
 pub(crate) struct Node {
     target: Target,
-    config: AsyncConnectionConfig,
     connect_timeout: Duration,
     /// The URL as it may be shown (no password), or the Sentinel master's name.
     shown: String,
-    tls: bool,
+    /// The TLS client for `rediss://` nodes.
+    #[cfg(feature = "tls")]
+    tls: Option<super::tls::Connector>,
+    is_tls: bool,
 }
 
 /// The parsed form of `url`, with the TLS settings applied; errors never show the password.
@@ -138,41 +143,62 @@ pub(crate) fn tcp_settings() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
 }
 
-/// A client for `info`, with the custom CA and client certificate, if any.
-pub(crate) fn client(info: ConnectionInfo, tls: &Tls, shown: &str) -> Result<Client, ConfigError> {
-    let bad =
-        |e: RedisError| ConfigError::new(ConfigErrorKind::Store, format!("redis url {shown}: {e}"));
-    #[cfg(feature = "tls")]
-    if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
-        install_crypto_provider();
-        if tls.is_custom() {
-            return Client::build_with_tls(info, tls.certificates()).map_err(bad);
-        }
-    }
-    #[cfg(not(feature = "tls"))]
-    let _ = tls;
-    Client::open(info).map_err(bad)
+/// A connection's driver: writes what its connection queued and reads the
+/// replies into the calls waiting for them. It ends when the connection does.
+pub(crate) type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// One open connection: redis-rs's multiplexed connection (clones share its
+/// socket and pipeline their commands on it), its driver, and the runtime
+/// whose reactor the socket is registered with.
+pub(crate) struct Link {
+    pub(crate) conn: MultiplexedConnection,
+    pub(crate) driver: Driver,
+    pub(crate) runtime: tokio::runtime::Id,
+    /// Set when bytes are read from the socket.
+    heard: Arc<AtomicBool>,
 }
 
-/// Gives rustls its cryptography (ring) unless the application chose one.
-#[cfg(feature = "tls")]
-pub(crate) fn install_crypto_provider() {
-    // Fails only when a provider is already installed: that one is used.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+impl Link {
+    /// Whether anything was read from the socket since the last time asked.
+    pub(crate) fn heard(&self) -> bool {
+        self.heard.swap(false, Ordering::Relaxed)
+    }
+
+    /// Runs `call` (a command on this connection) while polling the
+    /// driver, before a lane owns the connection (the eviction check).
+    pub(crate) async fn drive<T>(
+        &mut self,
+        call: impl Future<Output = T>,
+    ) -> Result<T, StoreError> {
+        let mut call = std::pin::pin!(call);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = call.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            // Writes what the call queued; reads its reply.
+            if self.driver.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(StoreError::Unavailable(
+                    "redis closed the connection while it was being set up".into(),
+                )));
+            }
+            call.as_mut().poll(cx).map(Ok)
+        })
+        .await
+    }
 }
 
 impl Node {
     /// The node at `url`.
     pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self, ConfigError> {
         let info = connection_info(url, &settings.tls)?;
-        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-        let shown = Redacted(url).to_string();
+        let is_tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
         Ok(Node {
-            target: Target::Client(client(info, &settings.tls, &shown)?),
-            config: settings.config(),
+            target: Target::Url(Box::new(info)),
             connect_timeout: settings.connect_timeout,
-            shown,
-            tls,
+            shown: Redacted(url).to_string(),
+            #[cfg(feature = "tls")]
+            tls: is_tls.then(|| settings.tls.connector()).transpose()?,
+            is_tls,
         })
     }
 
@@ -181,16 +207,17 @@ impl Node {
     pub(crate) fn sentinel(
         client: redis::sentinel::SentinelClient,
         shown: String,
-        tls: bool,
+        is_tls: bool,
         settings: &Settings,
-    ) -> Self {
-        Node {
-            target: Target::Sentinel(tokio::sync::Mutex::new(client)),
-            config: settings.config(),
+    ) -> Result<Self, ConfigError> {
+        Ok(Node {
+            target: Target::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(client))),
             connect_timeout: settings.connect_timeout,
             shown,
-            tls,
-        }
+            #[cfg(feature = "tls")]
+            tls: is_tls.then(|| settings.tls.connector()).transpose()?,
+            is_tls,
+        })
     }
 
     /// The node as it may be shown: its URL without the password.
@@ -198,129 +225,160 @@ impl Node {
         &self.shown
     }
 
-    /// Opens a new connection within the connect timeout (Sentinel's
-    /// answer, the TLS handshake and `AUTH` included). A failure says what
-    /// failed, naming TLS for a TLS node.
-    pub(crate) async fn connect(&self) -> Result<Conn, StoreError> {
-        let what = if self.tls {
+    /// The time allowed to open a connection.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Opens a new connection on the current runtime (Sentinel's answer, the
+    /// TLS handshake and `AUTH` included; the caller bounds the time). A
+    /// failure says what failed, naming TLS for a TLS node.
+    pub(crate) async fn connect(&self) -> Result<Link, StoreError> {
+        let info = match &self.target {
+            Target::Url(info) => (**info).clone(),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel(sentinel) => self.ask_sentinel(sentinel).await?,
+        };
+        self.open(&info).await.map_err(|e| self.failure(&e))
+    }
+
+    /// A connection to this node that failed for `why`, naming TLS for a TLS node.
+    pub(crate) fn failure(&self, why: &dyn std::fmt::Display) -> StoreError {
+        let what = if self.is_tls {
             "TLS connection"
         } else {
             "connection"
         };
-        match tokio::time::timeout(self.connect_timeout, self.open()).await {
-            Ok(conn) => conn,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "redis {what} to {} failed: not made within {:?}",
-                self.shown, self.connect_timeout
-            ))),
-        }
+        StoreError::Unavailable(format!("redis {what} to {} failed: {why}", self.shown))
     }
 
-    async fn open(&self) -> Result<Conn, StoreError> {
-        let opened = match &self.target {
-            Target::Client(c) => {
-                c.get_multiplexed_async_connection_with_config(&self.config)
-                    .await
-            }
-            #[cfg(feature = "sentinel")]
-            Target::Sentinel(s) => {
-                // Sentinel is asked afresh on every connection: after a
-                // failover the next connection reaches the promoted node.
-                let mut s = s.lock().await;
-                s.get_async_connection_with_config(&self.config).await
-            }
-        };
-        let conn = opened.map_err(|e| {
-            let what = if self.tls {
-                "TLS connection"
-            } else {
-                "connection"
-            };
-            StoreError::Unavailable(format!("redis {what} to {} failed: {e}", self.shown))
-        })?;
-        Ok(Conn {
-            conn,
-            state: Arc::default(),
+    /// Where Sentinel says the role is now, asked afresh on every
+    /// connection (after a failover the next connection reaches the
+    /// promoted node). Asked from the Redis I/O thread, where the
+    /// connections to the sentinels live between failovers.
+    #[cfg(feature = "sentinel")]
+    async fn ask_sentinel(
+        &self,
+        sentinel: &std::sync::Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+    ) -> Result<ConnectionInfo, StoreError> {
+        let (sentinel, limit) = (sentinel.clone(), self.connect_timeout);
+        let asked = super::io::call(async move {
+            let ask = async { sentinel.lock().await.async_get_client().await };
+            Ok(match tokio::time::timeout(limit, ask).await {
+                Ok(Ok(client)) => Ok(client.get_connection_info().clone()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("Sentinel did not answer within {limit:?}")),
+            })
         })
-    }
-}
-
-/// One open connection: redis-rs's multiplexed connection (clones share its
-/// socket and pipeline their commands on it), and what is known of its health.
-#[derive(Clone)]
-pub(crate) struct Conn {
-    conn: MultiplexedConnection,
-    state: Arc<Health>,
-}
-
-#[derive(Default)]
-struct Health {
-    closed: AtomicBool,
-    /// Since when calls on it have timed out with no answer in between.
-    stalled_since: Mutex<Option<Instant>>,
-}
-
-impl Conn {
-    /// Marks the connection broken: whoever asks for one next makes a new one.
-    pub(crate) fn close(&self) {
-        self.state.closed.store(true, Ordering::Relaxed);
+        .await?;
+        asked.map_err(|why| self.failure(&why))
     }
 
-    pub(crate) fn is_closed(&self) -> bool {
-        self.state.closed.load(Ordering::Relaxed)
-    }
-
-    /// A call got an answer: the connection works.
-    pub(crate) fn answered(&self) {
-        let mut since = self
-            .state
-            .stalled_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if since.is_some() {
-            *since = None;
+    /// The socket to `info`'s address, and redis-rs's connection over it.
+    async fn open(&self, info: &ConnectionInfo) -> RedisResult<Link> {
+        let settings = info.redis_settings();
+        match info.addr() {
+            ConnectionAddr::Tcp(host, port) => handshake(settings, tcp(host, *port).await?).await,
+            ConnectionAddr::TcpTls { host, port, .. } => {
+                let socket = tcp(host, *port).await?;
+                #[cfg(feature = "tls")]
+                if let Some(tls) = &self.tls {
+                    return handshake(settings, tls.connect(host, socket).await?).await;
+                }
+                drop(socket);
+                Err(unsupported("a TLS node needs the `tls` feature"))
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                handshake(settings, tokio::net::UnixStream::connect(path).await?).await
+            }
+            _ => Err(unsupported("this kind of address is not supported here")),
         }
     }
+}
 
-    /// A call timed out: whether nothing has answered on the connection for
-    /// `limit` (then it is given up on; a frozen or unreachable server
-    /// never closes it itself).
-    pub(crate) fn stalled_for(&self, limit: Duration) -> bool {
-        let mut since = self
-            .state
-            .stalled_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        since.get_or_insert_with(Instant::now).elapsed() >= limit
-    }
+fn unsupported(why: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::InvalidClientConfig, why))
+}
 
-    /// Whether the connection still has its socket, found without a round
-    /// trip: a `PING` whose reply is not awaited is handed to the
-    /// connection, and that fails at once, before anything is written, when
-    /// the connection's task has ended (the server closed the socket while
-    /// it was idle).
-    pub(crate) async fn is_open(&mut self) -> bool {
-        let mut ping = redis::cmd("PING");
-        ping.set_no_response(true);
-        self.conn.send_packed_command(&ping).await.is_ok()
+/// A TCP connection to `host:port` without Nagle's delay.
+async fn tcp(host: &str, port: u16) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpStream::connect((host, port)).await?;
+    socket.set_nodelay(tcp_settings().nodelay())?;
+    Ok(socket)
+}
+
+/// redis-rs's connection over `socket`, its handshake done, and its driver
+/// (not spawned). No response timeout: the lane times each call itself.
+async fn handshake<S>(settings: &RedisConnectionInfo, socket: S) -> RedisResult<Link>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(None)
+        .set_response_timeout(None);
+    let heard = Arc::new(AtomicBool::new(false));
+    let socket = Heard {
+        socket,
+        heard: heard.clone(),
+    };
+    let (conn, driver) = MultiplexedConnection::new_with_config(settings, socket, config).await?;
+    Ok(Link {
+        conn,
+        driver: Box::pin(driver),
+        runtime: tokio::runtime::Handle::current().id(),
+        heard,
+    })
+}
+
+/// A socket that notes when it reads anything: a large reply still coming
+/// in shows a server that answers, though no reply is complete yet.
+struct Heard<S> {
+    socket: S,
+    heard: Arc<AtomicBool>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Heard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.socket).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.heard.store(true, Ordering::Relaxed);
+        }
+        read
     }
 }
 
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.conn.req_packed_command(cmd)
+impl<S: AsyncWrite + Unpin> AsyncWrite for Heard<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.socket).poll_write(cx, buf)
     }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        self.conn.req_packed_commands(pipeline, offset, count)
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.socket).poll_write_vectored(cx, bufs)
     }
 
-    fn get_db(&self) -> i64 {
-        self.conn.get_db()
+    fn is_write_vectored(&self) -> bool {
+        self.socket.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.socket).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.socket).poll_shutdown(cx)
     }
 }

@@ -2,8 +2,10 @@
 
 #[cfg(feature = "cluster")]
 use super::cluster;
-use super::lane::{self, Call, Lanes};
-use super::{batch, eviction, io, keys, reply, scripts};
+#[cfg(feature = "cluster")]
+use super::io;
+use super::lane::{self, Lanes, Request};
+use super::{batch, eviction, keys, reply, scripts};
 use crate::algorithm;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -13,6 +15,7 @@ use crate::store::future::StoreFuture;
 use crate::store::slots::{Acquire, Occupancy, Release};
 use redis::{self, FromRedisValue};
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +53,7 @@ pub(super) struct Inner {
     /// The primary's connections, or the cluster's.
     pub(super) primary: Primary,
     /// Connections that serve [`Store::status`] reads.
-    pub(super) replicas: Vec<Lanes>,
+    pub(super) replicas: Vec<Arc<Lanes>>,
     pub(super) next_replica: AtomicUsize,
     pub(super) prefix: String,
     pub(super) time: TimeSource,
@@ -76,20 +79,17 @@ impl Primary {
     /// key's node (which pipelines it with other calls to that node).
     async fn charge(&self, job: batch::Job, cap: usize) -> batch::JobReply {
         match self {
-            Primary::Lanes(lanes) => lanes.submit(job, cap).await.unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(
-                    "the redis connection carrying this charge was dropped (its runtime shut down)"
-                        .into(),
-                ))
-            }),
+            Primary::Lanes(lanes) => lanes
+                .submit(job, cap)
+                .await
+                .unwrap_or_else(|_| Err(lane::dropped())),
             #[cfg(feature = "cluster")]
             Primary::Cluster(cluster) => {
                 let budget = job.timeout;
                 let jobs = std::slice::from_ref(&job);
                 let (script, cmd) = batch::command(jobs);
-                let reply: Vec<redis::Value> = cluster
-                    .run(Call::Eval { script, cmd: &cmd }, budget)
-                    .await?;
+                let reply: Vec<redis::Value> =
+                    cluster.run(&Request::Eval { script, cmd }, budget).await?;
                 batch::answers(&reply, jobs)?
                     .pop()
                     .ok_or_else(|| StoreError::Protocol("no answer to a charge".into()))?
@@ -97,16 +97,16 @@ impl Primary {
         }
     }
 
-    /// Runs `call` within `budget`.
+    /// Runs `request` within `budget`.
     async fn run<T: FromRedisValue>(
         &self,
-        call: Call<'_>,
+        request: Request,
         budget: Duration,
     ) -> Result<T, StoreError> {
         match self {
-            Primary::Lanes(lanes) => lanes.run(call, budget).await,
+            Primary::Lanes(lanes) => lanes.run(request, budget).await,
             #[cfg(feature = "cluster")]
-            Primary::Cluster(cluster) => cluster.run(call, budget).await,
+            Primary::Cluster(cluster) => cluster.run(&request, budget).await,
         }
     }
 
@@ -116,11 +116,11 @@ impl Primary {
     /// cluster is refused when those are configured.
     pub(crate) async fn query_pipeline(
         &self,
-        pipe: &redis::Pipeline,
+        pipe: redis::Pipeline,
         budget: Duration,
     ) -> Result<Vec<redis::Value>, StoreError> {
         match self {
-            Primary::Lanes(lanes) => lanes.query_pipeline(pipe, budget).await,
+            Primary::Lanes(lanes) => lanes.run(Request::Pipeline(pipe), budget).await,
             #[cfg(feature = "cluster")]
             Primary::Cluster(_) => Err(StoreError::Unavailable(
                 "a pipeline over many hash slots cannot go through a Redis Cluster".into(),
@@ -145,7 +145,10 @@ impl Primary {
                 for cmd in cmds {
                     pipe.add_command(cmd.clone());
                 }
-                match lanes.query_pipeline(&pipe, budget).await {
+                match lanes
+                    .run::<Vec<redis::Value>>(Request::Pipeline(pipe), budget)
+                    .await
+                {
                     Ok(values) if values.len() == cmds.len() => values
                         .into_iter()
                         .map(|v| match v {
@@ -181,9 +184,10 @@ impl RedisStore {
     pub async fn eviction_policy(&self) -> Result<String, StoreError> {
         let budget = Duration::from_secs(5);
         let v: Vec<String> = self
-            .inner
-            .primary
-            .run(Call::Command(&eviction::eviction_policy_cmd()), budget)
+            .call(|inner| async move {
+                let cmd = eviction::eviction_policy_cmd();
+                inner.primary.run(Request::Command(cmd), budget).await
+            })
             .await?;
         eviction::policy_from_reply(&v)
     }
@@ -202,32 +206,47 @@ impl RedisStore {
     }
 
     #[cfg(any(feature = "advisor", feature = "runtime-limits"))]
-    /// Sends `pipe` to the primary in one round trip within `budget`, from
-    /// the Redis I/O runtime (the coordinated mode's sync).
+    /// Sends `pipe` to the primary in one round trip within `budget`
+    /// (shared limits, the advisor's fleet report).
     pub(crate) async fn query_pipeline(
         &self,
         pipe: redis::Pipeline,
         budget: Duration,
     ) -> Result<Vec<redis::Value>, StoreError> {
-        let inner = self.inner.clone();
-        io::call(async move { inner.primary.query_pipeline(&pipe, budget).await }).await
+        self.call(|inner| async move { inner.primary.query_pipeline(pipe, budget).await })
+            .await
     }
 
     #[cfg(feature = "coordinated")]
     /// Sends single-key commands in one round trip per node (one pipeline
-    /// to a standalone primary; on a cluster, multiplexed per node), from
-    /// the Redis I/O runtime: the coordinated mode's sync. The answer to
-    /// each command.
+    /// to a standalone primary; on a cluster, multiplexed per node): the
+    /// coordinated mode's sync. The answer to each command.
     pub(crate) async fn spread(
         &self,
         cmds: Vec<redis::Cmd>,
         budget: Duration,
     ) -> Vec<Result<redis::Value, StoreError>> {
-        let inner = self.inner.clone();
         let n = cmds.len();
-        io::call(async move { Ok(inner.primary.spread(&cmds, budget).await) })
+        self.call(|inner| async move { Ok(inner.primary.spread(&cmds, budget).await) })
             .await
             .unwrap_or_else(|e| failed_all(n, e))
+    }
+
+    /// A store call as the store's answer, made by `call` on what the store
+    /// shares: run by the lanes' runners on the caller's runtime, or, for a
+    /// Redis Cluster, on the Redis I/O thread (see [`io`]).
+    pub(super) fn call<T, F, Fut>(&self, call: F) -> StoreFuture<Result<T, StoreError>>
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let fut = call(self.inner.clone());
+        match &self.inner.primary {
+            Primary::Lanes(_) => StoreFuture::pending(fut),
+            #[cfg(feature = "cluster")]
+            Primary::Cluster(_) => io::store_future(fut),
+        }
     }
 
     #[cfg(any(feature = "advisor", feature = "runtime-limits"))]
@@ -284,10 +303,10 @@ impl RedisStore {
 pub(super) async fn invoke<T: FromRedisValue>(
     primary: &Primary,
     script: &'static redis::Script,
-    cmd: &redis::Cmd,
+    cmd: redis::Cmd,
     budget: Duration,
 ) -> Result<T, StoreError> {
-    primary.run(Call::Eval { script, cmd }, budget).await
+    primary.run(Request::Eval { script, cmd }, budget).await
 }
 
 impl RedisStore {
@@ -305,17 +324,7 @@ impl RedisStore {
             units: call.units,
             timeout: call.timeout,
         };
-        let inner = self.inner.clone();
-        match &self.inner.primary {
-            // Queued from here; the batch leaves from the I/O runtime.
-            Primary::Lanes(_) => {
-                StoreFuture::pending(async move { inner.primary.charge(job, cap).await })
-            }
-            #[cfg(feature = "cluster")]
-            Primary::Cluster(_) => {
-                io::store_future(async move { inner.primary.charge(job, cap).await })
-            }
-        }
+        self.call(|inner| async move { inner.primary.charge(job, cap).await })
     }
 }
 
@@ -347,10 +356,9 @@ impl Store for RedisStore {
                 .arg(s.reserved)
                 .arg(actual);
         }
-        let inner = self.inner.clone();
         let budget = c.timeout;
-        io::store_future(async move {
-            let _written: i64 = invoke(&inner.primary, &scripts::SETTLE, &cmd, budget).await?;
+        self.call(|inner| async move {
+            let _written: i64 = invoke(&inner.primary, &scripts::SETTLE, cmd, budget).await?;
             Ok(())
         })
     }
@@ -362,18 +370,20 @@ impl Store for RedisStore {
         for q in call.policy.quotas() {
             reply::quota_args(&mut cmd, q);
         }
-        let inner = self.inner.clone();
         let policy = call.policy.clone();
         let budget = call.timeout;
-        io::store_future(async move {
+        self.call(|inner| async move {
             let script = &*scripts::STATUS;
             let deadline = tokio::time::Instant::now() + budget;
             let r: Vec<i64> = match inner.replicas.len() {
-                0 => invoke(&inner.primary, script, &cmd, budget).await?,
+                0 => invoke(&inner.primary, script, cmd, budget).await?,
                 n => {
                     let i = inner.next_replica.fetch_add(1, Ordering::Relaxed) % n;
-                    let call = Call::Eval { script, cmd: &cmd };
-                    match inner.replicas[i].run(call, budget).await {
+                    let request = Request::Eval {
+                        script,
+                        cmd: cmd.clone(),
+                    };
+                    match inner.replicas[i].run(request, budget).await {
                         Ok(r) => r,
                         // A read is safe to repeat: the primary answers
                         // within what is left of the budget.
@@ -383,7 +393,7 @@ impl Store for RedisStore {
                             if left.is_zero() {
                                 return Err(StoreError::Timeout(budget));
                             }
-                            invoke(&inner.primary, script, &cmd, left).await?
+                            invoke(&inner.primary, script, cmd, left).await?
                         }
                     }
                 }
@@ -422,11 +432,10 @@ impl Store for RedisStore {
         if self.inner.time == TimeSource::Redis {
             return StoreFuture::ready(Ok(None));
         }
-        let inner = self.inner.clone();
-        io::store_future(async move {
+        self.call(|inner| async move {
             let (secs, micros): (u64, u64) = inner
                 .primary
-                .run(Call::Command(&redis::cmd("TIME")), Duration::from_secs(1))
+                .run(Request::Command(redis::cmd("TIME")), Duration::from_secs(1))
                 .await?;
             Ok(Some(secs * 1_000 + micros / 1_000))
         })
@@ -436,8 +445,7 @@ impl Store for RedisStore {
     /// replica, each within the connect timeout. The first failure is
     /// returned once all have tried.
     fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
-        let inner = self.inner.clone();
-        io::store_future(async move {
+        self.call(|inner| async move {
             let mut result = match &inner.primary {
                 Primary::Lanes(lanes) => lanes.connect().await,
                 #[cfg(feature = "cluster")]
