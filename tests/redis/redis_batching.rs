@@ -12,6 +12,9 @@ use futures_util::future::join_all;
 use redis_support::{assert_every_key_has_a_ttl, require_redis, MonitorEntry, RedisServer};
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tower_ratelimit::clock::{Clock, SystemClock};
 use tower_ratelimit::key::Key;
@@ -673,6 +676,88 @@ async fn a_reply_later_than_the_response_timeout_fails_the_batch_and_drops_the_c
     let d = charge(&store, &ns, &key, &p, now).await.unwrap();
     assert!(d.is_allowed());
     assert!(connections() > before, "the late connection was reused");
+}
+
+/// A relay to `upstream` whose replies, once `slow` is set, come one byte
+/// every 5 ms: a slow link to a server that answers steadily. The pauses
+/// are the link's slowness, not a wait for anything. Its `redis://` URL.
+async fn trickling_relay(upstream: SocketAddr, slow: Arc<AtomicBool>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                return;
+            };
+            let (mut from_client, mut to_client) = client.into_split();
+            let (mut from_server, mut to_server) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+            });
+            let slow = slow.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                    let trickle = slow.load(Ordering::Relaxed);
+                    for chunk in buf[..n].chunks(if trickle { 1 } else { n }) {
+                        if to_client.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                        if trickle {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    format!("redis://{addr}")
+}
+
+/// Regression: the response timeout counted whole replies, so a reply
+/// still coming in, steadily, past it (a large one, 100k shared-limit
+/// overrides read by a debug build; a slow link) was taken for a frozen
+/// server: the call failed and its connection was dropped. Anything read
+/// from the connection shows the server answers.
+#[tokio::test]
+async fn a_reply_still_coming_in_past_the_response_timeout_is_not_taken_for_a_frozen_server() {
+    require_redis();
+    let server = RedisServer::start();
+    let slow = Arc::new(AtomicBool::new(false));
+    let url = trickling_relay(server.addr(), slow.clone()).await;
+    let limit = Duration::from_millis(150);
+    let store = RedisStore::builder(url)
+        .response_timeout(limit)
+        .build()
+        .unwrap();
+    let now = SystemClock.now_ms();
+    warm(&store, now).await;
+    let connections = || {
+        server.info_section("stats")["total_connections_received"]
+            .parse::<u64>()
+            .unwrap()
+    };
+    // Asking counts a connection of its own too.
+    let (asked, before) = (connections(), connections());
+    let per_ask = before - asked;
+
+    slow.store(true, Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let (ns, key) = (Namespace::new("trickle"), Key::new("k"));
+    let d = charge(&store, &ns, &key, &mixed(), now).await;
+    let took = started.elapsed();
+    slow.store(false, Ordering::Relaxed);
+    assert!(
+        took > limit,
+        "the test needs a reply slower than the response timeout: it took {took:?}"
+    );
+    assert!(d.expect("answered, not timed out").is_allowed());
+    assert_eq!(
+        connections() - before,
+        per_ask,
+        "the store's connection was kept"
+    );
 }
 
 /// Requests in a row for one key under one policy (a hot client, a global
