@@ -109,6 +109,9 @@ pub enum RejectReason {
     Exhausted,
     /// The request's cost exceeds a quota's limit: it can never be admitted.
     CostExceedsLimit,
+    /// The key is in its policy's penalty box: refused until the block ends
+    /// ([`Decision::blocked_until_ms`]), whatever its quotas hold.
+    Blocked,
 }
 
 /// The outcome of one charge: allowed or not, and every quota's state from the same read.
@@ -117,6 +120,11 @@ pub struct Decision {
     allowed: bool,
     reason: Option<RejectReason>,
     statuses: Statuses,
+    /// Until when the key is blocked (Unix ms), when this decision found it
+    /// blocked or blocked it.
+    blocked_until_ms: Option<u64>,
+    /// How long an admitted request waits for its booked turn, in ms.
+    wait_ms: u64,
 }
 
 /// Every quota's status of one decision: two fit without allocating.
@@ -145,6 +153,8 @@ impl Decision {
             allowed: true,
             reason: None,
             statuses: Statuses::new(),
+            blocked_until_ms: None,
+            wait_ms: 0,
         }
     }
 
@@ -185,6 +195,68 @@ impl Decision {
         } else {
             RejectReason::Exhausted
         });
+    }
+
+    /// A refusal because the key is in its policy's penalty box until
+    /// `until_ms` (Unix ms): `statuses` are its quotas as read, uncharged.
+    /// A store that keeps penalty boxes answers it (see [`Penalty`](crate::rate::Penalty)).
+    pub fn blocked(
+        statuses: impl IntoIterator<Item = QuotaStatus>,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Self {
+        let mut d = Self::empty();
+        d.statuses = statuses
+            .into_iter()
+            .map(|mut s| {
+                s.allowed = false;
+                s.retry_after_ms = until_ms.saturating_sub(now_ms);
+                s
+            })
+            .collect();
+        d.allowed = false;
+        d.reason = Some(RejectReason::Blocked);
+        d.blocked_until_ms = Some(until_ms);
+        d
+    }
+
+    /// This refusal, decided at `now_ms`, which put the key in its penalty
+    /// box until `until_ms` (Unix ms): later requests are
+    /// [`blocked`](Self::blocked). The refusal keeps its reason; its
+    /// `Retry-After` is the block's end. An admission is left as it is.
+    pub fn with_block(mut self, now_ms: u64, until_ms: u64) -> Self {
+        if !self.allowed {
+            self.blocked_until_ms = Some(until_ms);
+            let left = until_ms.saturating_sub(now_ms);
+            for s in self.statuses.iter_mut().filter(|s| !s.allowed) {
+                s.retry_after_ms = s.retry_after_ms.max(left);
+            }
+        }
+        self
+    }
+
+    /// Until when (Unix ms) the key is in its policy's penalty box, when
+    /// this decision found it there or put it there.
+    pub fn blocked_until_ms(&self) -> Option<u64> {
+        self.blocked_until_ms
+    }
+
+    /// This admission, for the request's turn `wait_ms` from now: a store
+    /// that books turns (a policy that waits,
+    /// [`Charge::wait_ms`](crate::store::Charge::wait_ms)) says so. Its
+    /// statuses are the quotas as that turn leaves them. A refusal is left
+    /// as it is.
+    pub fn with_wait(mut self, wait_ms: u64) -> Self {
+        if self.allowed {
+            self.wait_ms = wait_ms;
+        }
+        self
+    }
+
+    /// How long the admitted request waits for its booked turn, in ms (0
+    /// when it goes now, and for a refusal).
+    pub fn wait_ms(&self) -> u64 {
+        self.wait_ms
     }
 
     /// Whether the request is admitted (and was charged).

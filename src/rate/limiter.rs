@@ -203,6 +203,7 @@ impl Limiter {
             cost,
             units,
             now_ms,
+            wait_ms: 0,
             timeout: self.store_timeout,
         }
     }

@@ -38,6 +38,12 @@ mod response;
 mod service;
 mod settle;
 
+#[cfg(feature = "penalty")]
+#[cfg_attr(docsrs, doc(cfg(feature = "penalty")))]
+pub use crate::quota::Penalty;
+#[cfg(feature = "wait")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wait")))]
+pub use crate::quota::Wait;
 #[cfg(feature = "advisor")]
 #[cfg_attr(docsrs, doc(cfg(feature = "advisor")))]
 pub use advisor::{current_limit, Advice, Advisor, KeyAdvice, TierAdvice, MAX_TIERS};

@@ -452,7 +452,7 @@ impl Store for Coordinated {
                  bytes) is settled in the store, so limit it with a layer of another store",
             ));
         }
-        Ok(())
+        crate::store::backend::plain_only(policy, "the coordinated mode")
     }
 
     fn identity(&self) -> Option<String> {
