@@ -251,6 +251,12 @@ impl Policy {
         }))
     }
 
+    /// Whether it neither waits nor keeps a penalty box: a plain refusal.
+    #[inline]
+    pub(crate) fn is_plain(&self) -> bool {
+        self.inner.refusal.wait.is_none() && self.inner.refusal.penalty.is_none()
+    }
+
     /// Its waiting settings, if it waits.
     pub(crate) fn waits(&self) -> Option<&Wait> {
         self.inner.refusal.wait.as_ref()

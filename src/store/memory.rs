@@ -1,6 +1,8 @@
 //! The embedded store: limiter state and concurrency slots in this
 //! process's memory, exact and bounded.
 
+mod refusal;
+
 use super::backend::Store;
 use super::call::{Charge, Settle};
 use super::future::StoreFuture;
@@ -59,6 +61,9 @@ struct Entry {
     /// The largest share of a quota the key had used at its last charge:
     /// what evicting it would hand back.
     used: Share,
+    /// The penalty boxes and holes of the policies that wait or keep a
+    /// penalty box (see [`refusal`]); none for a key of plain policies.
+    refusal: Option<Box<refusal::Extra>>,
 }
 
 /// `used` units of a quota of `limit`: compared by cross-multiplying, so
@@ -107,12 +112,24 @@ struct Slot {
 }
 
 impl Entry {
+    fn new() -> Self {
+        Entry {
+            slots: SmallVec::new(),
+            used: Share::NONE,
+            refusal: None,
+        }
+    }
+
     fn get(&self, id: u64) -> Option<&State> {
         self.slots.iter().find(|s| s.id == id).map(|s| &s.state)
     }
 
     fn expires_at(&self) -> u64 {
-        self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
+        let slots = self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0);
+        match &self.refusal {
+            None => slots,
+            Some(x) => slots.max(x.expires_at()),
+        }
     }
 
     /// Charges every quota what `cost` and `units` ask of it, all or
@@ -337,6 +354,9 @@ impl MemoryStore {
     /// reads it: a decision built and then returned through each frame
     /// would be copied, field by field, at every step.
     fn charge_into(&self, call: &Charge<'_>, decision: &mut Decision) {
+        if !call.policy.is_plain() {
+            return self.charge_refusing(call, decision);
+        }
         let (now, cost, quotas) = (call.now_ms, (call.cost, call.units), call.policy.quotas());
         let key = (call.namespace.id(), *call.key);
         let ((), made) = self.inner.rates.update(key, now, |entry| match entry {
@@ -345,10 +365,7 @@ impl MemoryStore {
                 ((), None)
             }
             None => {
-                let mut fresh = Entry {
-                    slots: SmallVec::new(),
-                    used: Share::NONE,
-                };
+                let mut fresh = Entry::new();
                 fresh.charge(quotas, now, cost, decision);
                 ((), (!fresh.slots.is_empty()).then_some(fresh))
             }
@@ -360,11 +377,9 @@ impl MemoryStore {
         let c = &call.charge;
         let key = (c.namespace.id(), *c.key);
         let now = call.now_ms;
+        let waits = c.policy.waits().is_some();
         let ((), room) = self.inner.rates.update(key, now, |entry| {
-            let mut fresh = Entry {
-                slots: SmallVec::new(),
-                used: Share::NONE,
-            };
+            let mut fresh = Entry::new();
             let (made, e) = match entry {
                 Some(e) => (false, e),
                 None => (true, &mut fresh),
@@ -372,8 +387,13 @@ impl MemoryStore {
             let mut changed = false;
             for (q, settled) in call.each() {
                 let at = e.slots.iter().position(|s| s.id == slot_of(q));
-                let state = at.map(|i| &mut e.slots[i].state);
-                match (algorithm::settle(q, state, now, settled), at) {
+                let outcome = if waits {
+                    // Its bookings are given back in any order.
+                    e.settle_waiting(q, at, now, settled)
+                } else {
+                    algorithm::settle(q, at.map(|i| &mut e.slots[i].state), now, settled)
+                };
+                match (outcome, at) {
                     // A refund brings a bucket's "full again" time forward,
                     // a debit takes it back.
                     (Outcome::Changed, Some(i)) => {
@@ -420,7 +440,9 @@ impl MemoryStore {
         };
         self.inner
             .rates
-            .read(&key, call.now_ms, |e| peek(Some(e)))
+            .read(&key, call.now_ms, |e| {
+                e.status_of(call.policy, peek(Some(e)), call.now_ms)
+            })
             .unwrap_or_else(|| peek(None))
     }
 }
@@ -545,6 +567,12 @@ impl Store for MemoryStore {
 
     fn is_local(&self) -> bool {
         true
+    }
+
+    /// Every policy: it books turns for a policy that waits and keeps
+    /// penalty boxes.
+    fn check_policy(&self, _policy: &crate::Policy) -> Result<(), crate::error::ConfigError> {
+        Ok(())
     }
 }
 

@@ -271,7 +271,7 @@ impl RedisStore {
             .arg(reply::key_count(call.policy));
         reply::keys(&mut cmd, &self.hash_key(call), call.policy);
         reply::time_arg(&mut cmd, sent_now);
-        cmd.arg(call.policy.quotas().len());
+        reply::count_arg(&mut cmd, call.policy);
         (cmd, sent_now)
     }
 
@@ -303,6 +303,7 @@ impl RedisStore {
             now: self.sent_now(call.now_ms),
             cost: call.cost,
             units: call.units,
+            wait_ms: call.wait_ms,
             timeout: call.timeout,
         };
         let inner = self.inner.clone();
@@ -347,6 +348,7 @@ impl Store for RedisStore {
                 .arg(s.reserved)
                 .arg(actual);
         }
+        reply::refusal_args(&mut cmd, c.policy);
         let inner = self.inner.clone();
         let budget = c.timeout;
         io::store_future(async move {
@@ -362,6 +364,7 @@ impl Store for RedisStore {
         for q in call.policy.quotas() {
             reply::quota_args(&mut cmd, q);
         }
+        reply::refusal_args(&mut cmd, call.policy);
         let inner = self.inner.clone();
         let policy = call.policy.clone();
         let budget = call.timeout;
@@ -402,6 +405,12 @@ impl Store for RedisStore {
 
     fn keeps_slots(&self) -> bool {
         true
+    }
+
+    /// Every policy: its scripts book turns for a policy that waits and
+    /// keep penalty boxes, beside the quotas' state.
+    fn check_policy(&self, _policy: &crate::Policy) -> Result<(), crate::error::ConfigError> {
+        Ok(())
     }
 
     /// Each call's deadline runs from when its batch (or the call alone)
