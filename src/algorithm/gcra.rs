@@ -309,15 +309,17 @@ mod tests {
         // 5 a second, burst 2; 3 a second, burst 1 (333⅓ ms: turns rounded
         // up to whole ms leave gaps); and bookings made later than their
         // own turn (a second quota's turn), which leave gaps too.
-        let rates = [Rate::of(5, 1_000, 2).unwrap(), Rate::of(3, 1_000, 1).unwrap()];
+        let rates = [
+            Rate::of(5, 1_000, 2).unwrap(),
+            Rate::of(3, 1_000, 1).unwrap(),
+        ];
         let mut rng = fastrand::Rng::with_seed(7);
         for r in &rates {
             for late in [0, 37] {
                 let now = 10_000;
                 // The burst spent: the TAT is ahead of now.
                 let (_, before) = charge(None, r, now, Ask::of(r.burst));
-                let mut orders: Vec<Vec<usize>> =
-                    vec![(0..10).rev().collect(), (0..10).collect()];
+                let mut orders: Vec<Vec<usize>> = vec![(0..10).rev().collect(), (0..10).collect()];
                 for _ in 0..20 {
                     let mut o: Vec<usize> = (0..10).collect();
                     rng.shuffle(&mut o);
@@ -325,11 +327,16 @@ mod tests {
                 }
                 for order in orders {
                     let mut holes = Holes::default();
-                    let (booked, ids) =
-                        book_n(r, Some(before), &mut holes, now, 10, |i| late * (i as u64 % 2));
+                    let (booked, ids) = book_n(r, Some(before), &mut holes, now, 10, |i| {
+                        late * (i as u64 % 2)
+                    });
                     assert!(booked.unwrap().tat_ms > before.tat_ms + 1_000);
                     let back = cancel(r, booked, &mut holes, &ids, &order, now + 1);
-                    assert_eq!(back, Some(before), "rate {r:?}, late {late}, order {order:?}");
+                    assert_eq!(
+                        back,
+                        Some(before),
+                        "rate {r:?}, late {late}, order {order:?}"
+                    );
                     assert_eq!(holes, Holes::default(), "no hole is left over");
                 }
             }
@@ -381,7 +388,10 @@ mod tests {
     fn past_the_most_holes_the_first_to_end_goes() {
         let mut holes = Holes::default();
         for end in 1..=MAX_HOLES as u64 + 1 {
-            holes.add(Hole { end: end * 10, units: 1 });
+            holes.add(Hole {
+                end: end * 10,
+                units: 1,
+            });
         }
         assert_eq!(holes.len(), MAX_HOLES);
         assert_eq!(holes.take(10), None, "the first to end went");

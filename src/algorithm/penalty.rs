@@ -106,7 +106,17 @@ mod tests {
     fn the_refusal_that_reaches_the_count_blocks_and_starts_a_new_count() {
         let s = State::default();
         let (s, b) = s.refused(&RULE, 10_000);
-        assert_eq!((s, b), (State { refusals: 1, since_ms: 10_000, until_ms: 0 }, None));
+        assert_eq!(
+            (s, b),
+            (
+                State {
+                    refusals: 1,
+                    since_ms: 10_000,
+                    until_ms: 0
+                },
+                None
+            )
+        );
         let (s, b) = s.refused(&RULE, 10_500);
         assert_eq!((s.refusals, b), (2, None));
         let (s, b) = s.refused(&RULE, 10_999);

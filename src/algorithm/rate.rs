@@ -60,7 +60,14 @@ impl Rate {
 
     /// The status at `now` of a backlog `d` that a decision leaves at `after`.
     #[inline]
-    fn status(&self, d: u64, after: u64, now: u64, allowed: bool, retry_after_ms: u64) -> QuotaStatus {
+    fn status(
+        &self,
+        d: u64,
+        after: u64,
+        now: u64,
+        allowed: bool,
+        retry_after_ms: u64,
+    ) -> QuotaStatus {
         let reset_ms = now + self.ms_to_refill(after);
         QuotaStatus {
             limit: self.burst,
@@ -81,7 +88,9 @@ impl Rate {
         if cost > self.burst {
             return None;
         }
-        let over = d.saturating_add(cost * self.unit).saturating_sub(self.capacity);
+        let over = d
+            .saturating_add(cost * self.unit)
+            .saturating_sub(self.capacity);
         Some(self.ms_to_refill(over))
     }
 

@@ -120,8 +120,13 @@ impl Entry {
         }
     }
 
-    fn get(&self, id: u64) -> Option<&State> {
-        self.slots.iter().find(|s| s.id == id).map(|s| &s.state)
+    /// Quota slot `id`'s state at `now`: none once it has expired, though
+    /// the entry lives on for another slot or a penalty box.
+    fn get(&self, id: u64, now: u64) -> Option<&State> {
+        self.slots
+            .iter()
+            .find(|s| s.id == id && s.expires_at > now)
+            .map(|s| &s.state)
     }
 
     fn expires_at(&self) -> u64 {
@@ -418,7 +423,7 @@ impl MemoryStore {
                     .policy
                     .quotas()
                     .iter()
-                    .map(|q| algorithm::peek(q, e.get(slot_of(q)), now))
+                    .map(|q| algorithm::peek(q, e.get(slot_of(q), now), now))
                     .collect();
                 e.used = Share::most(&statuses);
             }
@@ -433,7 +438,11 @@ impl MemoryStore {
         let peek = |entry: Option<&Entry>| {
             Decision::from_statuses(
                 call.policy.quotas().iter().map(|q| {
-                    algorithm::peek(q, entry.and_then(|e| e.get(slot_of(q))), call.now_ms)
+                    algorithm::peek(
+                        q,
+                        entry.and_then(|e| e.get(slot_of(q), call.now_ms)),
+                        call.now_ms,
+                    )
                 }),
                 0,
             )

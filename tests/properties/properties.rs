@@ -496,6 +496,7 @@ fn a_zero_cost_refund_never_deletes_a_sliding_log_entry() {
 #[cfg(all(feature = "wait", feature = "penalty"))]
 mod refusal {
     use super::*;
+    use tower_ratelimit::decision::RejectReason;
     use tower_ratelimit::rate::{Penalty, Wait};
 
     /// One request: `gap` ms after the previous one, sent through instance
@@ -562,7 +563,11 @@ mod refusal {
     fn case(penalties: bool) -> impl Strategy<Value = Case> {
         // Turns at least 1 ms apart (limit <= window ms); a second quota of
         // another window, so the two never share state.
-        let first = (1..=12u64, prop::sample::select(&[100u64, 300, 1_000][..]), 1..=4u64);
+        let first = (
+            1..=12u64,
+            prop::sample::select(&[100u64, 300, 1_000][..]),
+            1..=4u64,
+        );
         let second = prop::option::of((
             1..=8u64,
             prop::sample::select(&[2_000u64, 5_000][..]),
@@ -607,6 +612,7 @@ mod refusal {
         allowed: bool,
         wait: u64,
         blocked: Option<u64>,
+        reason: Option<RejectReason>,
         cancelled: bool,
         statuses: Vec<QuotaStatus>,
     }
@@ -630,7 +636,8 @@ mod refusal {
         for j in 0..=c.steps.len() {
             for &(_, i, own_time) in due.iter().filter(|d| d.0 <= j) {
                 let s = &c.steps[i];
-                let mut settle = Settle::free(charge(out[i].t - out[i].wait, s.cost), &decisions[i]);
+                let mut settle =
+                    Settle::free(charge(out[i].t - out[i].wait, s.cost), &decisions[i]);
                 if !own_time {
                     settle.now_ms = t;
                 }
@@ -653,6 +660,7 @@ mod refusal {
                 allowed: d.is_allowed(),
                 wait: d.wait_ms(),
                 blocked: d.blocked_until_ms(),
+                reason: d.reject_reason(),
                 cancelled,
                 statuses: d.statuses().to_vec(),
             });
@@ -663,27 +671,42 @@ mod refusal {
 
     /// Every quota holds its definition over the requests as they really
     /// go, each at its turn (`check_strict` on the admission times), and a
-    /// refusal of a blocked key charges nothing.
+    /// block refuses, with every quota's retry-after at least the time
+    /// left. Two refusals are left out of `check_strict`'s rule that a
+    /// refusal has less remaining than its cost (neither admits anything,
+    /// so the counting is the same): a blocked key's, which is refused
+    /// whatever its quotas hold, and a free request's refused behind
+    /// turns booked past the wait it may have, which has nothing left.
     fn check(c: &Case, answers: &[Answer]) -> Result<(), TestCaseError> {
-        let mut gone: Vec<Outcome> = answers
-            .iter()
-            .map(|a| Outcome {
+        let mut gone: Vec<Outcome> = vec![];
+        for (a, s) in answers.iter().zip(&c.steps) {
+            if a.blocked.is_some() {
+                prop_assert!(!a.allowed, "a block refuses: {a:?}");
+            }
+            if a.reason == Some(RejectReason::Blocked) {
+                let left = a.blocked.unwrap() - a.t;
+                for st in &a.statuses {
+                    prop_assert!(!st.allowed && st.retry_after_ms == left, "{a:?}");
+                }
+                continue;
+            }
+            if !a.allowed && s.cost == 0 {
+                for st in a.statuses.iter().filter(|st| !st.allowed) {
+                    prop_assert!(st.remaining == 0 && st.retry_after_ms > 0, "{a:?}");
+                }
+                continue;
+            }
+            gone.push(Outcome {
                 t: a.t,
-                cost: 0,
+                cost: s.cost,
                 allowed: a.allowed,
                 refunded: a.cancelled,
                 statuses: a.statuses.clone(),
-            })
-            .collect();
-        for (o, s) in gone.iter_mut().zip(&c.steps) {
-            o.cost = s.cost;
+            });
         }
         gone.sort_by_key(|o| o.t);
         for (qi, q) in c.quotas().iter().enumerate() {
             check_strict(q, qi, &gone)?;
-        }
-        for a in answers.iter().filter(|a| a.blocked.is_some()) {
-            prop_assert!(!a.allowed, "a block refuses: {a:?}");
         }
         Ok(())
     }

@@ -559,7 +559,9 @@ pub mod refusal {
     }
 
     fn gcra(limit: u64, window_ms: u64, burst: u64) -> Quota {
-        quota(limit, window_ms, Algorithm::Gcra).burst(burst).unwrap()
+        quota(limit, window_ms, Algorithm::Gcra)
+            .burst(burst)
+            .unwrap()
     }
 
     fn waits(policy: Policy, ms: u64) -> Policy {
@@ -662,7 +664,8 @@ pub mod refusal {
             ],
         },
         Table {
-            name: "gcra 2/s burst 2, blocked 1 s after 2 refusals in 2 s, blocked requests extend it",
+            name:
+                "gcra 2/s burst 2, blocked 1 s after 2 refusals in 2 s, blocked requests extend it",
             policy: || {
                 Policy::new(gcra(2, 1_000, 2))
                     .penalty(

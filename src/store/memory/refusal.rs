@@ -38,7 +38,13 @@ impl Entry {
     }
 
     /// Stores `policy`'s penalty box, and drops the boxes past their life.
-    fn set_penalty(&mut self, policy: &Policy, rule: &penalty::Rule, state: penalty::State, now: u64) {
+    fn set_penalty(
+        &mut self,
+        policy: &Policy,
+        rule: &penalty::Rule,
+        state: penalty::State,
+        now: u64,
+    ) {
         let fp = policy.fingerprint();
         let x = self.refusal.get_or_insert_with(Box::default);
         x.penalties.retain(|p| p.0 != fp && p.2 > now);
@@ -60,10 +66,10 @@ impl Entry {
     }
 
     /// Each quota's GCRA state as stored.
-    fn gcra_states(&self, quotas: &[Quota]) -> SmallVec<[Option<gcra::State>; 2]> {
+    fn gcra_states(&self, quotas: &[Quota], now: u64) -> SmallVec<[Option<gcra::State>; 2]> {
         quotas
             .iter()
-            .map(|q| match self.get(slot_of(q)) {
+            .map(|q| match self.get(slot_of(q), now) {
                 Some(State::Gcra(s)) => Some(*s),
                 _ => None,
             })
@@ -83,7 +89,7 @@ impl Entry {
                 }
                 let read = quotas
                     .iter()
-                    .map(|q| algorithm::peek(q, self.get(slot_of(q)), now));
+                    .map(|q| algorithm::peek(q, self.get(slot_of(q), now), now));
                 *decision = Decision::blocked(read, now, until);
                 return;
             }
@@ -92,7 +98,7 @@ impl Entry {
         let after = refusal::after_refusal(
             policy,
             decision,
-            || self.gcra_states(quotas),
+            || self.gcra_states(quotas, now),
             penalty,
             (now, cost, call.wait_ms),
         );

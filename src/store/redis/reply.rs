@@ -314,12 +314,10 @@ fn decode_refusing(
     };
     let Some(asked) = asked else {
         let read = Decision::from_statuses(peeks(reads), 0);
-        return Some(Ok(
-            match penalty.and_then(|(_, s)| s.blocked_until(now)) {
-                Some(until) => Decision::blocked(read.statuses().iter().copied(), now, until),
-                None => read,
-            },
-        ));
+        return Some(Ok(match penalty.and_then(|(_, s)| s.blocked_until(now)) {
+            Some(until) => Decision::blocked(read.statuses().iter().copied(), now, until),
+            None => read,
+        }));
     };
     let decision = match penalty.and_then(|(rule, s)| s.blocked(&rule, now)) {
         Some((until, _)) => Decision::blocked(peeks(reads), now, until),
