@@ -8,8 +8,8 @@
 #   scripts/layer_cost.sh            # working tree vs HEAD
 #   scripts/layer_cost.sh 2b8672a    # working tree vs a tag or commit
 #
-# For each tree it builds examples/layer_cost.rs (the working tree's copy, so
-# both run the same driver) and counts what one request through the layer
+# For each tree it builds tools/src/bin/layer_cost.rs (the working tree's copy,
+# so both run the same driver) and counts what one request through the layer
 # costs (memory store, one hot key, a no-op service answering as axum's hello
 # world does): the difference between 2 000 and 10 000 requests, divided by
 # 8 000, so start-up is left out. Rows: the service alone (the baseline the
@@ -37,11 +37,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --quiet --release --example layer_cost
-cp "$CARGO_TARGET_DIR/release/examples/layer_cost" "$TREE.here"
+cargo build --quiet --release -p tower-ratelimit-tools --bin layer_cost
+cp "$CARGO_TARGET_DIR/release/layer_cost" "$TREE.here"
 
 build_at "$REV" "$TREE" layer_cost "$ROOT/target/layer-cost"
-cp "$ROOT/target/layer-cost/release/examples/layer_cost" "$TREE.there"
+cp "$BUILT" "$TREE.there"
 
 # Instructions callgrind counts for one run of BIN with ARGS.
 instructions() {

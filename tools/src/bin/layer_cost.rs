@@ -5,7 +5,7 @@
 //! request costs: a figure that holds on a noisy machine where timings do not.
 //!
 //! ```sh
-//! cargo run --release --example layer_cost -- github 1000000000 10000
+//! cargo run --release -p tower-ratelimit-tools --bin layer_cost -- github 1000000000 10000
 //! ```
 //!
 //! Arguments: the header style (`github`, `ietf`, `both` or `none`; `off`
