@@ -40,7 +40,7 @@ trap cleanup EXIT
 cargo build --quiet --release -p tower-ratelimit-tools --bin layer_cost
 cp "$CARGO_TARGET_DIR/release/layer_cost" "$TREE.here"
 
-build_at "$REV" "$TREE" layer_cost "$ROOT/target/layer-cost"
+build_at "$REV" "$TREE" layer_cost "$ROOT/target/layer-cost" --features redis
 cp "$BUILT" "$TREE.there"
 
 # Instructions callgrind counts for one run of BIN with ARGS.

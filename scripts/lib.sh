@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Shared by scripts/test.sh, scripts/bench.sh, scripts/script_cost.sh,
-# scripts/layer_cost.sh, scripts/server_cost.sh, scripts/criterion_compare.sh
-# and scripts/criterion_instructions.sh (sourced, not run).
+# scripts/layer_cost.sh, scripts/server_cost.sh, scripts/instructions.sh,
+# scripts/criterion_compare.sh and scripts/criterion_instructions.sh
+# (sourced, not run).
 
 # A 127.0.0.1 TCP port nothing listens on (never Redis's default 6379).
 free_port() {
@@ -107,11 +108,12 @@ build_at() { # rev tree name target [cargo args for an older revision...]
   fi
 }
 
-# Waits up to 5 s for the redis-server on 127.0.0.1:PORT to answer PING;
+# Waits up to 20 s (a busy host starts it slowly) for the redis-server on
+# 127.0.0.1:PORT to answer PING;
 # fails, showing its LOG, if it never does.
 wait_for_redis() { # port log
   local _
-  for _ in $(seq 100); do
+  for _ in $(seq 400); do
     [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return
     sleep 0.05
   done
