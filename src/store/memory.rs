@@ -173,14 +173,7 @@ impl Entry {
         let state = at.map(|i| &mut self.slots[i].state);
         let (status, next) = algorithm::charge(q, state, now, ask);
         let used = Share::of(&status);
-        // Rebuilt field by field, not moved whole: a move also copies the
-        // padding after `allowed`, whose one-byte store the wide load of
-        // the copy then waits on (a store-forwarding stall, a seventh of a
-        // hot-key charge in `benches/memory.rs`).
-        decision.push(QuotaStatus {
-            allowed: status.allowed,
-            ..status
-        });
+        decision.push(status);
         (at, next, used)
     }
 
