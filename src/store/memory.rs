@@ -325,15 +325,13 @@ impl MemoryStore {
         self.inner.slots.held(&(namespace.id(), *key))
     }
 
-    /// Charges `call` into `decision` (empty), written where the caller
-    /// reads it: a decision built and then returned through each frame
-    /// would be copied, field by field, at every step.
-    fn charge_into(&self, call: &Charge<'_>, decision: &mut Decision) {
+    fn charge_now(&self, call: &Charge<'_>) -> Decision {
         let (now, cost, quotas) = (call.now_ms, (call.cost, call.units), call.policy.quotas());
         let key = (call.namespace.id(), *call.key);
+        let mut decision = Decision::empty();
         let ((), made) = self.inner.rates.update(key, now, |entry| match entry {
             Some(e) => {
-                e.charge(quotas, now, cost, decision);
+                e.charge(quotas, now, cost, &mut decision);
                 ((), None)
             }
             None => {
@@ -341,13 +339,14 @@ impl MemoryStore {
                     slots: SmallVec::new(),
                     used: Share::NONE,
                 };
-                fresh.charge(quotas, now, cost, decision);
+                fresh.charge(quotas, now, cost, &mut decision);
                 ((), (!fresh.slots.is_empty()).then_some(fresh))
             }
         });
         if made.evicted > 0 {
             metrics::counter!("ratelimit_memory_evictions_total").increment(made.evicted as u64);
         }
+        decision
     }
 
     fn settle_now(&self, call: &Settle<'_>) {
@@ -486,11 +485,7 @@ impl Slots {
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        let mut answer = StoreFuture::ready(Ok(Decision::empty()));
-        if let Some(Ok(decision)) = answer.ready_mut() {
-            self.charge_into(call, decision);
-        }
-        answer
+        StoreFuture::ready(Ok(self.charge_now(call)))
     }
 
     fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
