@@ -125,18 +125,6 @@ impl Entry {
         decision: &mut Decision,
     ) {
         let ask = |q: &Quota| algorithm::ask(q, cost, units);
-        if let [q] = quotas {
-            // One quota, the common case: its write needs no keeping, which
-            // spares a tenth of a hot-key charge (`benches/memory.rs`).
-            let a = ask(q);
-            let (at, next, used) = self.evaluate(q, now, a, decision);
-            decision.decide_each(|_| (a.fit, a.charge));
-            if decision.is_allowed() {
-                self.commit(at, q, next, now, a.charge);
-                self.admitted(used, now);
-            }
-            return;
-        }
         // Where each quota's slot is, what it writes if all admit, and what
         // it is charged.
         let mut pending = SmallVec::<[(Option<usize>, Next, u64); 2]>::new();
