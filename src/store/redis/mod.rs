@@ -87,14 +87,14 @@
 //! Redis runs each script on one core, so the budget is its CPU per decision:
 //! `primaries = requests/s × Redis CPU per decision ÷ the share of a core you
 //! allow`. An allowed or rejected request costs at most one command (far
-//! fewer under load), a refunded one one more. Measured for a fixed-window
-//! policy: about 25–40 µs of Redis CPU for a charge sent alone and 5–8 µs
-//! for one in a batch of 15–20; the other algorithms cost 1.1–1.3× that, the
-//! sliding log 3.5×. Replicas add no charge capacity. Under a Redis store,
-//! requests wait in batches and their memory is freed in bursts, which
-//! glibc's malloc serves from slower paths: `GLIBC_TUNABLES=glibc.malloc.tcache_count=256`
-//! (or jemalloc or mimalloc) helps. The measurements are in the
-//! repository's `docs/performance.md`.
+//! fewer under load), a refunded one one more. A charge that shares a batch
+//! costs Redis several times less CPU than one sent alone; the sliding log
+//! costs the most of the algorithms. Measure on your own Redis: the
+//! repository's `docs/performance.md` shows how, and what it measured.
+//! Replicas add no charge capacity. Under a Redis store, requests wait in
+//! batches and their memory is freed in bursts, which glibc's malloc serves
+//! from slower paths: `GLIBC_TUNABLES=glibc.malloc.tcache_count=256` (or
+//! jemalloc or mimalloc) helps.
 
 #[cfg(feature = "advisor")]
 mod advice;
