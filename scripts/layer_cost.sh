@@ -14,8 +14,8 @@
 # world does): the difference between 2 000 and 10 000 requests, divided by
 # 8 000, so start-up is left out. Rows: the service alone (the baseline the
 # layer adds to), the layer without rate-limit headers, GitHub headers
-# with a limit of 10^9 (every number formatted, as in scripts/bench.sh) and of
-# 9 999 (numbers from the static table but the reset), and the IETF headers.
+# with a limit of 10^9 (numbers of full length, as in scripts/bench.sh) and of
+# 9 999 (shorter numbers), and the IETF headers.
 #
 # Needs valgrind (installed with apt when missing). The first run builds the
 # other revision in target/layer-cost (a few minutes); later runs reuse it.

@@ -12,8 +12,8 @@
 //!
 //! Arguments: the header style (`github`, `ietf`, `both` or `none`; `off`
 //! runs the service without the layer, the baseline), the
-//! quota's limit per hour (the default of `scripts/bench.sh`, 10⁹, renders
-//! every number in full; below 10 000 they come from a static table), and `N`.
+//! quota's limit per hour (10⁹, the default of `scripts/bench.sh`, gives the
+//! headers numbers of full length), and `N`.
 //! With the memory store every request is answered at once, polled by hand.
 //! With a Redis URL and a batch size `B` the layer charges that Redis, and
 //! requests go in waves of `B` at once on a single-threaded tokio runtime:
