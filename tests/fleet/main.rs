@@ -6,9 +6,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-// The simulated fleet `examples/simulate.rs` runs too.
+// The simulated fleet `tools/src/bin/simulate.rs` runs too.
 #[cfg(feature = "redis")]
-#[path = "../../examples/common/fleet.rs"]
+#[path = "../support/fleet.rs"]
 mod fleet;
 
 mod advisor;
