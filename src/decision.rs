@@ -235,6 +235,15 @@ impl Decision {
         self
     }
 
+    /// This decision as a later request sees it: a refusal that put the key
+    /// in its penalty box is, for the requests after it, a block.
+    pub(crate) fn into_blocked(mut self) -> Self {
+        if self.blocked_until_ms.is_some() {
+            self.reason = Some(RejectReason::Blocked);
+        }
+        self
+    }
+
     /// Until when (Unix ms) the key is in its policy's penalty box, when
     /// this decision found it there or put it there.
     pub fn blocked_until_ms(&self) -> Option<u64> {

@@ -4,8 +4,11 @@
 mod refusal;
 mod text;
 
+#[cfg(feature = "penalty")]
+pub use refusal::Penalty;
 pub(crate) use refusal::Refusal;
-pub use refusal::{Penalty, Wait};
+#[cfg(feature = "wait")]
+pub use refusal::Wait;
 
 use crate::error::{ConfigError, ConfigErrorKind};
 use std::borrow::Cow;
@@ -827,6 +830,7 @@ impl Policy {
     }
 
     /// The same quotas with `refusal`.
+    #[cfg(any(feature = "wait", feature = "penalty"))]
     pub(crate) fn with_refusal(&self, refusal: Refusal) -> Policy {
         Self::with(self.quotas().to_vec(), refusal)
     }

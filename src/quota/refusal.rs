@@ -3,12 +3,14 @@
 //! ([`Penalty`]). Both are decided by the store, in the same call as the
 //! charge, so they hold across a fleet.
 
-use super::{Algorithm, Policy, Quota, EXACT, MAX_WINDOW};
+use super::{Policy, Quota};
+#[cfg(any(feature = "wait", feature = "penalty"))]
 use crate::error::{ConfigError, ConfigErrorKind};
 use std::time::Duration;
 
 /// The default of `Wait::max_waiting`: requests one instance holds at once.
-pub(crate) const DEFAULT_MAX_WAITING: usize = 1_000;
+#[cfg(feature = "wait")]
+const DEFAULT_MAX_WAITING: usize = 1_000;
 
 /// Waiting instead of refusing: a request that would be refused, and whose
 /// turn comes within [`up_to`](Self::up_to), is booked for that turn by the
@@ -21,7 +23,7 @@ pub(crate) const DEFAULT_MAX_WAITING: usize = 1_000;
 /// key, pushed later by each booking), so a policy that waits holds GCRA
 /// quotas counting requests, each allowing at most 1,000 requests a second
 /// per key (turns at least 1 ms apart). A token bucket makes the same
-/// decisions as GCRA: use [`Algorithm::Gcra`].
+/// decisions as GCRA: use [`Algorithm::Gcra`](crate::Algorithm::Gcra).
 ///
 /// A request past the instance's [`max_waiting`](Self::max_waiting), or
 /// whose turn is further away than the maximum, is refused at once, never
@@ -169,6 +171,7 @@ pub(crate) struct Refusal {
 }
 
 /// The longest wait a policy may have: one day.
+#[cfg(feature = "wait")]
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 impl Policy {
@@ -179,6 +182,7 @@ impl Policy {
     #[cfg(feature = "wait")]
     #[cfg_attr(docsrs, doc(cfg(feature = "wait")))]
     pub fn wait(self, wait: Wait) -> Result<Self, ConfigError> {
+        use super::{Algorithm, EXACT};
         let invalid = |m: String| Err(ConfigError::new(ConfigErrorKind::Quota, m));
         if wait.max < Duration::from_millis(1) || wait.max > MAX_WAIT {
             return invalid(format!(
@@ -229,6 +233,7 @@ impl Policy {
     #[cfg(feature = "penalty")]
     #[cfg_attr(docsrs, doc(cfg(feature = "penalty")))]
     pub fn penalty(self, penalty: Penalty) -> Result<Self, ConfigError> {
+        use super::MAX_WINDOW;
         let invalid = |m: String| Err(ConfigError::new(ConfigErrorKind::Quota, m));
         if penalty.after == 0 {
             return invalid("a penalty needs at least one refusal to block a key".into());

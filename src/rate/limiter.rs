@@ -10,7 +10,7 @@ use super::hooks::{Observe, Overrides};
 use super::response::Rejection;
 use super::settle::{CostFn, Deferred, Dropped, Known, RefundFn, SettleFn, TrailersFn, Usage};
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, RejectReason};
 use crate::error::StoreError;
 use crate::failure::{self, Guard, Log, OnStoreError};
 use crate::grpc;
@@ -93,8 +93,25 @@ pub(crate) struct Limiter {
     /// The offset between the clock and a network store's (none for a
     /// store in this process).
     pub(crate) skew: Option<Arc<crate::skew::Skew>>,
+    /// The requests held for a turn the store booked (a policy that waits).
+    pub(crate) waiters: Arc<super::wait::Waiters>,
+    pub(crate) refusal_metrics: OnceLock<RefusalMetrics>,
     /// This limiter's hold on its name in its store.
     pub(crate) _name: crate::names::Claim,
+}
+
+/// The series of waiting and of the penalty box.
+pub(crate) struct RefusalMetrics {
+    /// How long admitted requests waited for their turn.
+    pub(crate) waited: metrics::Histogram,
+    /// Requests whose client went away before their turn.
+    pub(crate) cancelled: metrics::Counter,
+    /// Requests waiting now.
+    pub(crate) waiting: metrics::Gauge,
+    /// Keys this instance saw put in a penalty box.
+    pub(crate) blocks: metrics::Counter,
+    /// Requests refused because their key was in a penalty box.
+    pub(crate) blocked: metrics::Counter,
 }
 
 /// What a request is limited under.
@@ -129,6 +146,14 @@ pub(crate) struct Charged {
 }
 
 impl Charged {
+    /// It went on `wait` after it was decided, at its booked turn: its
+    /// headers describe the state at that turn.
+    pub(crate) fn went_on_after(&mut self, wait: std::time::Duration) {
+        self.now_ms = self
+            .now_ms
+            .saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+    }
+
     /// Puts the charge's [`Status`] in the extensions of the request the
     /// inner service gets (a request that was not charged gets none).
     pub(crate) fn expose<B>(charged: &Option<Charged>, req: &mut http::Request<B>) {
@@ -171,6 +196,20 @@ struct Asked {
     units: u64,
     now_ms: u64,
     grpc: bool,
+    /// How far ahead its charge may be booked (0: not at all).
+    wait_ms: u64,
+}
+
+/// What the request head says of its charge, before its key is known.
+#[derive(Clone, Copy)]
+struct Call {
+    grpc: bool,
+    /// A gRPC call's deadline, ms from now (`grpc-timeout`).
+    deadline: Option<u64>,
+    /// What it costs each quota counting requests.
+    weight: u64,
+    /// What it reserves in each quota of another unit.
+    units: u64,
 }
 
 /// Where a charge's answer came from.
@@ -184,6 +223,27 @@ enum Source {
 }
 
 impl Limiter {
+    /// The series of waiting and of the penalty box.
+    pub(crate) fn metrics_wait(&self) -> &RefusalMetrics {
+        self.refusal_metrics.get_or_init(|| {
+            let name = self.namespace.name().to_owned();
+            RefusalMetrics {
+                waited: metrics::histogram!("ratelimit_wait_seconds", "limiter" => name.clone()),
+                cancelled: metrics::counter!("ratelimit_wait_cancelled_total", "limiter" => name.clone()),
+                waiting: metrics::gauge!("ratelimit_waiting", "limiter" => name.clone()),
+                blocks: metrics::counter!("ratelimit_penalty_blocks_total", "limiter" => name.clone()),
+                blocked: metrics::counter!("ratelimit_penalty_blocked_total", "limiter" => name),
+            }
+        })
+    }
+
+    /// Gives back everything `charged` took: its client went away before
+    /// its turn.
+    pub(crate) fn give_back(self: &Arc<Self>, charged: &mut Charged) {
+        let zeros = vec![0; charged.policy.quotas().len()];
+        self.settle_charge(charged, zeros);
+    }
+
     pub(crate) fn metrics(&self) -> &Metrics {
         self.metrics
             .get_or_init(|| Metrics::new(&RATE_LIMIT, self.namespace.name()))
@@ -323,15 +383,25 @@ impl Limiter {
             skew.start();
         }
         let grpc = grpc::is_grpc(parts);
-        let weight = self.cost.as_ref().map_or(1, |f| f(parts));
-        let cost = (weight, self.reserve.as_ref().map_or(weight, |f| f(parts)));
+        // A gRPC call waits for its turn at most until its deadline.
+        let deadline = if grpc { grpc::timeout_ms(parts) } else { None };
+        let call = Call {
+            grpc,
+            deadline,
+            weight: self.cost.as_ref().map_or(1, |f| f(parts)),
+            units: 0,
+        };
+        let call = Call {
+            units: self.reserve.as_ref().map_or(call.weight, |f| f(parts)),
+            ..call
+        };
         match self.resolve(parts) {
-            Ok(resolution) => self.charge(resolution, cost, grpc),
+            Ok(resolution) => self.charge(resolution, call),
             Err(later) => {
                 let this = self.clone();
                 Later::pending(async move {
                     let resolution = later.await;
-                    this.charge(resolution, cost, grpc).value().await
+                    this.charge(resolution, call).value().await
                 })
             }
         }
@@ -339,7 +409,8 @@ impl Limiter {
 
     /// Makes the one store call of a request (or answers from the
     /// deny cache or the open breaker without one).
-    fn charge(self: &Arc<Self>, resolution: Resolution, cost: (u64, u64), grpc: bool) -> Deciding {
+    fn charge(self: &Arc<Self>, resolution: Resolution, call: Call) -> Deciding {
+        let (cost, grpc) = ((call.weight, call.units), call.grpc);
         let (key, policy) = match resolution {
             Resolution::Found(key, policy) => (key, policy),
             Resolution::Exempt => {
@@ -357,6 +428,17 @@ impl Limiter {
         if let Some(candidate) = self.overrides.as_ref().and_then(|o| o.shadow(&key)) {
             self.charge_shadow(key, candidate, cost, now_ms);
         }
+        // A policy that waits books a turn only for a request with a seat
+        // among this instance's waiters (never in shadow mode, which
+        // changes nothing for the request).
+        let seat = match policy.waits() {
+            Some(w) if !self.shadow => self.waiters.seat(w.max_waiting),
+            _ => None,
+        };
+        let wait_ms = match (&seat, policy.waits()) {
+            (Some(_), Some(w)) => call.deadline.map_or(w.max_ms(), |d| d.min(w.max_ms())),
+            _ => 0,
+        };
         let asked = Asked {
             key,
             policy,
@@ -364,13 +446,14 @@ impl Limiter {
             units: cost.1,
             now_ms,
             grpc,
+            wait_ms,
         };
         if let Some(denials) = &self.denials {
             if let Some(decision) =
                 denials.check(&asked.key, &asked.policy, cost, self.clock.monotonic())
             {
                 self.metrics().deny_cache_hits.increment(1);
-                return Later::Now(self.verdict(asked, Source::Local, Ok(decision)));
+                return self.turn(self.verdict(asked, Source::Local, Ok(decision)), seat, grpc);
             }
         }
         // A store in this process cannot fail the way a network store
@@ -381,13 +464,19 @@ impl Limiter {
             let domain = self.store.failure_domain(&self.namespace, &asked.key);
             match self.guard.admit(domain, self.metrics()) {
                 Ok(permit) => Some(permit),
-                Err(open) => return Later::Now(self.verdict(asked, Source::Local, Err(open))),
+                Err(open) => {
+                    return self.turn(self.verdict(asked, Source::Local, Err(open)), seat, grpc)
+                }
             }
         };
-        let call = self.call(&asked.key, &asked.policy, cost, now_ms);
-        let fut = match self.store.charge(&call).into_ready() {
+        let charge = Charge {
+            wait_ms: asked.wait_ms,
+            ..self.call(&asked.key, &asked.policy, cost, now_ms)
+        };
+        let fut = match self.store.charge(&charge).into_ready() {
             Ok(result) => {
-                return Later::Now(self.verdict(asked, Source::Store(permit, None), result))
+                let verdict = self.verdict(asked, Source::Store(permit, None), result);
+                return self.turn(verdict, seat, grpc);
             }
             Err(fut) => fut,
         };
@@ -395,8 +484,50 @@ impl Limiter {
         Later::pending(async move {
             let started = Instant::now();
             let result = failure::within(this.backstop, fut).await;
-            this.verdict(asked, Source::Store(permit, Some(started)), result)
+            let verdict = this.verdict(asked, Source::Store(permit, Some(started)), result);
+            this.turn(verdict, seat, grpc).value().await
         })
+    }
+
+    /// A request the store booked for a later turn waits for it (holding
+    /// its seat); any other verdict stands now, and the seat is given up.
+    fn turn(
+        self: &Arc<Self>,
+        verdict: Verdict,
+        seat: Option<super::wait::Seat>,
+        grpc: bool,
+    ) -> Deciding {
+        match (verdict, seat) {
+            (Verdict::Forward(Some(c)), Some(seat)) if c.decision.wait_ms() > 0 => {
+                let wait = std::time::Duration::from_millis(c.decision.wait_ms());
+                let waiting = self.metrics_wait();
+                waiting.waiting.set(self.waiters.len() as f64);
+                let this = self.clone();
+                Later::pending(async move {
+                    let started = tokio::time::Instant::now();
+                    let limiter = this.clone();
+                    let give_back = move |mut c: Charged| {
+                        limiter.metrics_wait().cancelled.increment(1);
+                        limiter.give_back(&mut c);
+                    };
+                    match super::wait::hold(c, seat, wait, give_back).await {
+                        Some(mut c) => {
+                            this.metrics_wait()
+                                .waited
+                                .record(started.elapsed().as_secs_f64());
+                            c.went_on_after(wait);
+                            Verdict::Forward(Some(c))
+                        }
+                        None => Verdict::Answer(problem::unavailable(
+                            grpc,
+                            1,
+                            "the service is shutting down: this request's turn was given back",
+                        )),
+                    }
+                })
+            }
+            (verdict, _) => Later::Now(verdict),
+        }
     }
 
     /// Turns a charge's answer into what happens to the request. A rejection
@@ -456,11 +587,22 @@ impl Limiter {
         if self.shadow {
             m.shadow_rejected.increment(1);
             self.guard.log.event(Log::Rejected, || {
-                tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit would reject (shadow mode: admitted)");
+                tracing::info!(limiter = %self.namespace.name(), policy = %name, "rate limit would reject (shadow mode: admitted)");
             });
             return Verdict::Forward(None);
         }
         m.rejected.increment(1);
+        if let Some(until) = decision.blocked_until_ms() {
+            let penalty = self.metrics_wait();
+            if decision.reject_reason() == Some(RejectReason::Blocked) {
+                penalty.blocked.increment(1);
+            } else {
+                penalty.blocks.increment(1);
+                self.guard.log.event(Log::Blocked, || {
+                    tracing::warn!(limiter = %self.namespace.name(), policy = %name, block_ms = until.saturating_sub(asked.now_ms), "a client refused too often was put in the penalty box");
+                });
+            }
+        }
         if cache {
             if let Some(d) = &self.denials {
                 d.insert(
@@ -468,12 +610,13 @@ impl Limiter {
                     (asked.cost, asked.units),
                     &decision,
                     &asked.policy,
+                    asked.wait_ms,
                     self.clock.monotonic(),
                 );
             }
         }
         self.guard.log.event(Log::Rejected, || {
-            tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
+            tracing::info!(limiter = %self.namespace.name(), policy = %name, "rate limit exceeded");
         });
         let rejection = Rejection {
             decision: &decision,
@@ -504,7 +647,7 @@ impl Limiter {
             // overload, never a reason to admit without limit.
             self.metrics().overloaded.increment(1);
             self.guard.log.event(Log::StoreError, || {
-                tracing::warn!(limiter = self.namespace.name(), queued, "rate limit charges queue faster than the store answers: refusing with 503 (add store connections, or shed load before the limiter)");
+                tracing::warn!(limiter = %self.namespace.name(), queued, "rate limit charges queue faster than the store answers: refusing with 503 (add store connections, or shed load before the limiter)");
             });
             return Verdict::Answer(problem::unavailable_as(
                 problem::TEMPORARY_REDUCED_CAPACITY,
@@ -648,7 +791,7 @@ impl Limiter {
         if !failure::off_path(fut, self.backstop, move |result, started| {
             if let Err(err) = this.metrics().off_path_done(result, started) {
                 this.guard.log.event(Log::StoreError, || {
-                    tracing::warn!(limiter = this.namespace.name(), error = %err, kind = err.kind(), "rate limit settlement failed; the charge stands");
+                    tracing::warn!(limiter = %this.namespace.name(), error = %err, kind = err.kind(), "rate limit settlement failed; the charge stands");
                 });
             }
         }) {

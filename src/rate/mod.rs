@@ -37,6 +37,7 @@ mod limits;
 mod response;
 mod service;
 mod settle;
+mod wait;
 
 #[cfg(feature = "penalty")]
 #[cfg_attr(docsrs, doc(cfg(feature = "penalty")))]

@@ -148,18 +148,6 @@ impl Entry {
         decision: &mut Decision,
     ) {
         let ask = |q: &Quota| algorithm::ask(q, cost, units);
-        if let [q] = quotas {
-            // One quota, the common case: its write needs no keeping, which
-            // spares a tenth of a hot-key charge (`benches/memory.rs`).
-            let a = ask(q);
-            let (at, next, used) = self.evaluate(q, now, a, decision);
-            decision.decide_each(|_| (a.fit, a.charge));
-            if decision.is_allowed() {
-                self.commit(at, q, next, now, a.charge);
-                self.admitted(used, now);
-            }
-            return;
-        }
         // Where each quota's slot is, what it writes if all admit, and what
         // it is charged.
         let mut pending = SmallVec::<[(Option<usize>, Next, u64); 2]>::new();
@@ -196,14 +184,7 @@ impl Entry {
         let state = at.map(|i| &mut self.slots[i].state);
         let (status, next) = algorithm::charge(q, state, now, ask);
         let used = Share::of(&status);
-        // Rebuilt field by field, not moved whole: a move also copies the
-        // padding after `allowed`, whose one-byte store the wide load of
-        // the copy then waits on (a store-forwarding stall, a seventh of a
-        // hot-key charge in `benches/memory.rs`).
-        decision.push(QuotaStatus {
-            allowed: status.allowed,
-            ..status
-        });
+        decision.push(status);
         (at, next, used)
     }
 
@@ -355,27 +336,26 @@ impl MemoryStore {
         self.inner.slots.held(&(namespace.id(), *key))
     }
 
-    /// Charges `call` into `decision` (empty), written where the caller
-    /// reads it: a decision built and then returned through each frame
-    /// would be copied, field by field, at every step.
-    fn charge_into(&self, call: &Charge<'_>, decision: &mut Decision) {
+    fn charge_now(&self, call: &Charge<'_>) -> Decision {
         if !call.policy.is_plain() {
-            return self.charge_refusing(call, decision);
+            return self.charge_refusing(call);
         }
         let (now, cost, quotas) = (call.now_ms, (call.cost, call.units), call.policy.quotas());
         let key = (call.namespace.id(), *call.key);
+        let mut decision = Decision::empty();
         let ((), made) = self.inner.rates.update(key, now, |entry| match entry {
             Some(e) => {
-                e.charge(quotas, now, cost, decision);
+                e.charge(quotas, now, cost, &mut decision);
                 ((), None)
             }
             None => {
                 let mut fresh = Entry::new();
-                fresh.charge(quotas, now, cost, decision);
+                fresh.charge(quotas, now, cost, &mut decision);
                 ((), (!fresh.slots.is_empty()).then_some(fresh))
             }
         });
         count_evictions(call.namespace, made);
+        decision
     }
 
     fn settle_now(&self, call: &Settle<'_>) {
@@ -533,11 +513,7 @@ impl Slots {
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        let mut answer = StoreFuture::ready(Ok(Decision::empty()));
-        if let Some(Ok(decision)) = answer.ready_mut() {
-            self.charge_into(call, decision);
-        }
-        answer
+        StoreFuture::ready(Ok(self.charge_now(call)))
     }
 
     fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {

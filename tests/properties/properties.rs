@@ -548,16 +548,32 @@ mod refusal {
                 .unwrap();
             match self.penalty {
                 None => p,
-                Some((after, within, block, extend)) => p
-                    .penalty(
-                        Penalty::after(after)
-                            .within(Duration::from_millis(within))
-                            .block_for(Duration::from_millis(block))
-                            .extended_by_blocked(extend),
-                    )
-                    .unwrap(),
+                Some(box_) => p.penalty(penalty(box_)).unwrap(),
             }
         }
+    }
+
+    /// A penalty box: blocked `block` ms after `after` refusals within
+    /// `within` ms, extended by blocked requests or not.
+    fn penalty((after, within, block, extend): (u64, u64, u64, bool)) -> Penalty {
+        Penalty::after(after)
+            .within(Duration::from_millis(within))
+            .block_for(Duration::from_millis(block))
+            .extended_by_blocked(extend)
+    }
+
+    /// A Redis server of its own, a store on it, a memory store, and a
+    /// runtime to drive both.
+    fn both_stores() -> (
+        redis_support::RedisServer,
+        RedisStore,
+        MemoryStore,
+        tokio::runtime::Runtime,
+    ) {
+        redis_support::require_redis();
+        let server = redis_support::RedisServer::start();
+        let redis = RedisStore::new(server.url()).unwrap();
+        (server, redis, MemoryStore::new(), current_thread_runtime())
     }
 
     fn case(penalties: bool) -> impl Strategy<Value = Case> {
@@ -741,11 +757,7 @@ mod refusal {
 
     #[test]
     fn memory_and_redis_book_cancel_and_block_identically() {
-        redis_support::require_redis();
-        let server = redis_support::RedisServer::start();
-        let redis = RedisStore::new(server.url()).unwrap();
-        let memory = MemoryStore::new();
-        let rt = current_thread_runtime();
+        let (server, redis, memory, rt) = both_stores();
         memory_runner(64)
             .run(&case(true), |c| {
                 let start = redis_start();
@@ -762,25 +774,14 @@ mod refusal {
     /// memory and in Redis.
     #[test]
     fn memory_and_redis_keep_penalty_boxes_identically_for_every_algorithm() {
-        redis_support::require_redis();
-        let server = redis_support::RedisServer::start();
-        let redis = RedisStore::new(server.url()).unwrap();
-        let memory = MemoryStore::new();
-        let rt = current_thread_runtime();
+        let (server, redis, memory, rt) = both_stores();
         let strategy = (
             super::case(&Algorithm::ALL, true, false),
             (1..=4u64, 1..=3_000u64, 1..=3_000u64, any::<bool>()),
         );
         memory_runner(64)
-            .run(&strategy, |(c, (after, within, block, extend))| {
-                let policy = Policy::new(c.quota())
-                    .penalty(
-                        Penalty::after(after)
-                            .within(Duration::from_millis(within))
-                            .block_for(Duration::from_millis(block))
-                            .extended_by_blocked(extend),
-                    )
-                    .unwrap();
+            .run(&strategy, |(c, box_)| {
+                let policy = Policy::new(c.quota()).penalty(penalty(box_)).unwrap();
                 let start = redis_start();
                 let a = rt.block_on(super::run(&memory, &policy, start, &c.steps));
                 let b = rt.block_on(super::run(&redis, &policy, start, &c.steps));

@@ -165,22 +165,23 @@ impl Entry {
 }
 
 impl MemoryStore {
-    /// Charges `call`, whose policy waits or keeps a penalty box, into
-    /// `decision` (empty).
-    pub(super) fn charge_refusing(&self, call: &Charge<'_>, decision: &mut Decision) {
+    /// Charges `call`, whose policy waits or keeps a penalty box.
+    pub(super) fn charge_refusing(&self, call: &Charge<'_>) -> Decision {
         let (now, key) = (call.now_ms, (call.namespace.id(), *call.key));
+        let mut decision = Decision::empty();
         let ((), made) = self.inner.rates.update(key, now, |entry| match entry {
             Some(e) => {
-                e.charge_refusing(call, decision);
+                e.charge_refusing(call, &mut decision);
                 ((), None)
             }
             None => {
                 let mut fresh = Entry::new();
-                fresh.charge_refusing(call, decision);
+                fresh.charge_refusing(call, &mut decision);
                 let keep = !fresh.slots.is_empty() || fresh.refusal.is_some();
                 ((), keep.then_some(fresh))
             }
         });
         count_evictions(call.namespace, made);
+        decision
     }
 }

@@ -12,7 +12,7 @@
 
 use crate::Algorithm;
 use redis::Script;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 const RATE: &str = include_str!("../../../lua/rate.lua");
@@ -76,12 +76,11 @@ pub(crate) fn charge_source(algorithms: usize) -> String {
 /// algorithms in the set `algorithms` (bits from [`bit`], and [`REFUSING`]
 /// when a policy waits or keeps a penalty box).
 pub(crate) fn charge(algorithms: usize) -> &'static Script {
-    static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
-        (0..REFUSING << 1)
-            .map(|set| Script::new(&charge_source(set)))
-            .collect()
-    });
-    &SCRIPTS[algorithms & ((REFUSING << 1) - 1)]
+    // Each set's script is hashed when first used: hashing all of them
+    // up front held up a process's first charges.
+    static SCRIPTS: [OnceLock<Script>; REFUSING << 1] = [const { OnceLock::new() }; REFUSING << 1];
+    let set = algorithms & ((REFUSING << 1) - 1);
+    SCRIPTS[set].get_or_init(|| Script::new(&charge_source(set)))
 }
 
 macro_rules! script {
