@@ -262,6 +262,27 @@ impl Decision {
         self
     }
 
+    /// This admission for a later turn as a refusal, for a request of
+    /// `cost` that could not wait for it: each quota left with less than
+    /// the cost refuses, until the turn. A decision with no wait is left
+    /// as it is.
+    pub(crate) fn into_unseated(mut self, cost: u64) -> Self {
+        if !self.allowed || self.wait_ms == 0 {
+            return self;
+        }
+        let wait = std::mem::take(&mut self.wait_ms);
+        let short = self.statuses.iter().any(|s| s.remaining < cost.max(1));
+        for s in self.statuses.iter_mut() {
+            if !short || s.remaining < cost.max(1) {
+                s.allowed = false;
+                s.retry_after_ms = wait;
+            }
+        }
+        self.allowed = false;
+        self.reason = Some(RejectReason::Exhausted);
+        self
+    }
+
     /// How long the admitted request waits for its booked turn, in ms (0
     /// when it goes now, and for a refusal).
     pub fn wait_ms(&self) -> u64 {

@@ -59,7 +59,10 @@ impl Wait {
     }
 
     /// The most requests one instance holds waiting at once, over all keys
-    /// (default 1,000); past it a request is refused at once.
+    /// (default 1,000); past it a request is refused at once. A seat is
+    /// taken when the store has booked a turn, so requests admitted at once
+    /// hold none; one booked while concurrent charges took the last seats
+    /// gives its turn back (a second store call) and is refused.
     pub fn max_waiting(mut self, n: usize) -> Self {
         self.max_waiting = n;
         self

@@ -428,15 +428,14 @@ impl Limiter {
         if let Some(candidate) = self.overrides.as_ref().and_then(|o| o.shadow(&key)) {
             self.charge_shadow(key, candidate, cost, now_ms);
         }
-        // A policy that waits books a turn only for a request with a seat
-        // among this instance's waiters (never in shadow mode, which
-        // changes nothing for the request).
-        let seat = match policy.waits() {
-            Some(w) if !self.shadow => self.waiters.seat(w.max_waiting),
-            _ => None,
-        };
-        let wait_ms = match (&seat, policy.waits()) {
-            (Some(_), Some(w)) => call.deadline.map_or(w.max_ms(), |d| d.min(w.max_ms())),
+        // A policy that waits may book a turn while this instance has room
+        // among its waiters (never in shadow mode, which changes nothing
+        // for the request); the seat is taken once the store has booked one
+        // (see `turn`), so a request admitted at once holds none.
+        let wait_ms = match policy.waits() {
+            Some(w) if !self.shadow && self.waiters.has_room(w.max_waiting) => {
+                call.deadline.map_or(w.max_ms(), |d| d.min(w.max_ms()))
+            }
             _ => 0,
         };
         let asked = Asked {
@@ -453,7 +452,7 @@ impl Limiter {
                 denials.check(&asked.key, &asked.policy, cost, self.clock.monotonic())
             {
                 self.metrics().deny_cache_hits.increment(1);
-                return self.turn(self.verdict(asked, Source::Local, Ok(decision)), seat, grpc);
+                return self.turn(self.verdict(asked, Source::Local, Ok(decision)), grpc);
             }
         }
         // A store in this process cannot fail the way a network store
@@ -464,9 +463,7 @@ impl Limiter {
             let domain = self.store.failure_domain(&self.namespace, &asked.key);
             match self.guard.admit(domain, self.metrics()) {
                 Ok(permit) => Some(permit),
-                Err(open) => {
-                    return self.turn(self.verdict(asked, Source::Local, Err(open)), seat, grpc)
-                }
+                Err(open) => return self.turn(self.verdict(asked, Source::Local, Err(open)), grpc),
             }
         };
         let charge = Charge {
@@ -476,7 +473,7 @@ impl Limiter {
         let fut = match self.store.charge(&charge).into_ready() {
             Ok(result) => {
                 let verdict = self.verdict(asked, Source::Store(permit, None), result);
-                return self.turn(verdict, seat, grpc);
+                return self.turn(verdict, grpc);
             }
             Err(fut) => fut,
         };
@@ -485,20 +482,23 @@ impl Limiter {
             let started = Instant::now();
             let result = failure::within(this.backstop, fut).await;
             let verdict = this.verdict(asked, Source::Store(permit, Some(started)), result);
-            this.turn(verdict, seat, grpc).value().await
+            this.turn(verdict, grpc).value().await
         })
     }
 
-    /// A request the store booked for a later turn waits for it (holding
-    /// its seat); any other verdict stands now, and the seat is given up.
-    fn turn(
-        self: &Arc<Self>,
-        verdict: Verdict,
-        seat: Option<super::wait::Seat>,
-        grpc: bool,
-    ) -> Deciding {
-        match (verdict, seat) {
-            (Verdict::Forward(Some(c)), Some(seat)) if c.decision.wait_ms() > 0 => {
+    /// A request the store booked for a later turn takes a seat among the
+    /// waiters and waits for it; any other verdict stands now. Booked while
+    /// the last seats went to others (charges answered together), it gives
+    /// its turn back and is refused at once: a second store call, only when
+    /// the waiters are full.
+    fn turn(self: &Arc<Self>, verdict: Verdict, grpc: bool) -> Deciding {
+        match verdict {
+            Verdict::Forward(Some(c)) if c.decision.wait_ms() > 0 => {
+                let max = c.policy.waits().map_or(0, |w| w.max_waiting);
+                let Some(seat) = self.waiters.seat(max) else {
+                    return Later::Now(self.unseated(c, grpc));
+                };
+                self.metrics().allowed.increment(1);
                 let wait = std::time::Duration::from_millis(c.decision.wait_ms());
                 let waiting = self.metrics_wait();
                 waiting.waiting.set(self.waiters.len() as f64);
@@ -526,8 +526,26 @@ impl Limiter {
                     }
                 })
             }
-            (verdict, _) => Later::Now(verdict),
+            verdict => Later::Now(verdict),
         }
+    }
+
+    /// A request booked for a turn with no seat left to wait in: its turn
+    /// goes back, and it is refused as the booking's answer says.
+    fn unseated(self: &Arc<Self>, mut c: Charged, grpc: bool) -> Verdict {
+        let refused = c.decision.clone().into_unseated(c.cost);
+        self.give_back(&mut c);
+        let asked = Asked {
+            key: c.key,
+            policy: c.policy,
+            cost: c.cost,
+            units: c.units,
+            now_ms: c.now_ms,
+            grpc,
+            wait_ms: 0,
+        };
+        // Not cached: the store would book the key's next request.
+        self.reject(asked, refused, false)
     }
 
     /// Turns a charge's answer into what happens to the request. A rejection
@@ -549,7 +567,10 @@ impl Limiter {
         }
         match result {
             Ok(decision) if decision.is_allowed() => {
-                m.allowed.increment(1);
+                // A booked turn counts once it has a seat (see `turn`).
+                if decision.wait_ms() == 0 {
+                    m.allowed.increment(1);
+                }
                 Verdict::Forward(Some(self.charged(asked, decision, ChargedTo::Store)))
             }
             Ok(decision) => {

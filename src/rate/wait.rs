@@ -21,8 +21,8 @@ pub(crate) struct Waiters {
     closing: Notify,
 }
 
-/// A place among the waiters, held from before the charge (which may book a
-/// turn only when it has one) until the request goes on or is answered.
+/// A place among the waiters, taken when the store has booked a turn and
+/// held until the request goes on or is answered.
 #[derive(Debug)]
 pub(crate) struct Seat(Arc<Waiters>);
 
@@ -41,6 +41,12 @@ impl Waiters {
         let taken = self.count.fetch_add(1, Ordering::AcqRel);
         let seat = Seat(self.clone());
         (taken < max).then_some(seat)
+    }
+
+    /// Whether a request may still be booked a turn: the waiters are open
+    /// and fewer than `max` wait.
+    pub(crate) fn has_room(&self, max: usize) -> bool {
+        !self.closed.load(Ordering::Acquire) && self.count.load(Ordering::Acquire) < max
     }
 
     /// Requests waiting now.

@@ -199,6 +199,12 @@ async fn with_room_for_ten_waiters_fifty_requests_are_five_at_once_ten_waiting_a
         *slowest < Duration::from_millis(200),
         "a refusal took {slowest:?}"
     );
+    // Turns booked for requests that found no seat went back: the store
+    // holds the burst and the ten waiters' turns, no more.
+    assert!(
+        comes_to(&layer, "a", clock.now_ms() + 3_000).await,
+        "the refused requests' turns were given back"
+    );
 }
 
 #[tokio::test]
@@ -357,4 +363,35 @@ async fn a_blocked_key_costs_each_instance_at_most_one_store_call_while_it_is_bl
         calls <= 2,
         "{calls} store calls for 100 blocked requests on two instances"
     );
+}
+
+#[cfg(feature = "coordinated")]
+#[test]
+fn the_coordinated_mode_refuses_a_policy_that_waits_or_keeps_a_penalty_box_when_the_layer_is_built()
+{
+    use tower_ratelimit::store::Coordinated;
+    use tower_ratelimit::ConfigErrorKind;
+    require_redis();
+    let server = RedisServer::start();
+    let waits = Policy::new(gcra(5))
+        .wait(Wait::up_to(Duration::from_secs(1)))
+        .unwrap();
+    for (policy, why) in [(waits, "waits"), (login(), "penalty box")] {
+        let coordinated = Coordinated::builder(RedisStore::new(server.url()).unwrap())
+            .build()
+            .unwrap();
+        let err = RateLimitLayer::builder()
+            .quota(policy.clone())
+            .store(coordinated)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.kind(), ConfigErrorKind::Conflict);
+        assert!(err.to_string().contains(why), "{err}");
+        // The Redis store itself books turns and keeps penalty boxes.
+        RateLimitLayer::builder()
+            .quota(policy)
+            .store(RedisStore::new(server.url()).unwrap())
+            .build()
+            .unwrap();
+    }
 }
