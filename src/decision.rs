@@ -349,6 +349,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_booking_with_no_seat_becomes_a_refusal_by_the_quotas_with_nothing_left_until_its_turn() {
+        let full = QuotaStatus {
+            limit: 5,
+            remaining: 0,
+            allowed: true,
+            ..QuotaStatus::default()
+        };
+        let room = QuotaStatus {
+            limit: 100,
+            remaining: 40,
+            allowed: true,
+            ..QuotaStatus::default()
+        };
+        let booked = Decision::from_statuses([full, room], 1).with_wait(600);
+        let refused = booked.into_unseated(1);
+        assert!(!refused.is_allowed());
+        assert_eq!(refused.reject_reason(), Some(RejectReason::Exhausted));
+        assert_eq!(refused.wait_ms(), 0);
+        let s = refused.statuses();
+        assert_eq!((s[0].allowed, s[0].retry_after_ms), (false, 600));
+        assert_eq!((s[1].allowed, s[1].retry_after_ms), (true, 0));
+        assert_eq!(refused.binding(), 0);
+        // An admission for now is no booking: left as it is.
+        let now = Decision::from_statuses([room], 1);
+        assert!(now.clone().into_unseated(1).is_allowed());
+    }
+
+    #[test]
     fn used_never_underflows_when_a_store_reports_more_remaining_than_the_limit() {
         let odd = QuotaStatus {
             limit: 5,
