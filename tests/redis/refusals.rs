@@ -300,6 +300,18 @@ async fn a_client_blocked_through_one_instance_is_refused_by_both_past_its_windo
             "the state shows the block"
         );
     }
+    // Its state in Redis lives until the block ends (15.35 s from now),
+    // though the quota's own window reset long ago: Redis would otherwise
+    // forget the block. A second of slack for the test's own real time.
+    let keys: Vec<String> = server.query(&["KEYS", "*"]);
+    assert!(!keys.is_empty());
+    for key in &keys {
+        let ttl: i64 = server.query(&["PTTL", key.as_str()]);
+        assert!(
+            ttl >= 15_350 - 1_000,
+            "{key} expires in {ttl} ms, before the block ends in 15350 ms"
+        );
+    }
     // The block ends 30 s after the third refusal: admitted again, on both.
     let start = clock.now_ms() - 15_000;
     clock.advance(Duration::from_millis(
