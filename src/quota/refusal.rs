@@ -260,18 +260,30 @@ impl Policy {
     }
 
     /// Whether it neither waits nor keeps a penalty box: a plain refusal.
+    /// Always, without the features that set either: the code for them
+    /// then costs a request nothing.
     #[inline]
     pub(crate) fn is_plain(&self) -> bool {
-        self.inner.refusal.wait.is_none() && self.inner.refusal.penalty.is_none()
+        self.waits().is_none() && self.penalty_box().is_none()
     }
 
     /// Its waiting settings, if it waits.
+    #[inline]
     pub(crate) fn waits(&self) -> Option<&Wait> {
-        self.inner.refusal.wait.as_ref()
+        if cfg!(feature = "wait") {
+            self.inner.refusal.wait.as_ref()
+        } else {
+            None
+        }
     }
 
     /// Its penalty box, if it has one.
+    #[inline]
     pub(crate) fn penalty_box(&self) -> Option<&Penalty> {
-        self.inner.refusal.penalty.as_ref()
+        if cfg!(feature = "penalty") {
+            self.inner.refusal.penalty.as_ref()
+        } else {
+            None
+        }
     }
 }

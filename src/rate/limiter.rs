@@ -452,7 +452,7 @@ impl Limiter {
                 denials.check(&asked.key, &asked.policy, cost, self.clock.monotonic())
             {
                 self.metrics().deny_cache_hits.increment(1);
-                return self.turn(self.verdict(asked, Source::Local, Ok(decision)), grpc);
+                return self.verdict(asked, Source::Local, Ok(decision));
             }
         }
         // A store in this process cannot fail the way a network store
@@ -463,7 +463,7 @@ impl Limiter {
             let domain = self.store.failure_domain(&self.namespace, &asked.key);
             match self.guard.admit(domain, self.metrics()) {
                 Ok(permit) => Some(permit),
-                Err(open) => return self.turn(self.verdict(asked, Source::Local, Err(open)), grpc),
+                Err(open) => return self.verdict(asked, Source::Local, Err(open)),
             }
         };
         let charge = Charge {
@@ -472,8 +472,7 @@ impl Limiter {
         };
         let fut = match self.store.charge(&charge).into_ready() {
             Ok(result) => {
-                let verdict = self.verdict(asked, Source::Store(permit, None), result);
-                return self.turn(verdict, grpc);
+                return self.verdict(asked, Source::Store(permit, None), result);
             }
             Err(fut) => fut,
         };
@@ -481,53 +480,52 @@ impl Limiter {
         Later::pending(async move {
             let started = Instant::now();
             let result = failure::within(this.backstop, fut).await;
-            let verdict = this.verdict(asked, Source::Store(permit, Some(started)), result);
-            this.turn(verdict, grpc).value().await
+            // Not `.value().await`: a future of its own around the verdict
+            // would copy it twice more (the instruction budget's Redis case).
+            match this.verdict(asked, Source::Store(permit, Some(started)), result) {
+                Later::Now(verdict) => verdict,
+                Later::Pending(wait) => wait.await,
+            }
         })
     }
 
     /// A request the store booked for a later turn takes a seat among the
-    /// waiters and waits for it; any other verdict stands now. Booked while
+    /// waiters and waits for it. Booked while
     /// the last seats went to others (charges answered together), it gives
     /// its turn back and is refused at once: a second store call, only when
     /// the waiters are full.
-    fn turn(self: &Arc<Self>, verdict: Verdict, grpc: bool) -> Deciding {
-        match verdict {
-            Verdict::Forward(Some(c)) if c.decision.wait_ms() > 0 => {
-                let max = c.policy.waits().map_or(0, |w| w.max_waiting);
-                let Some(seat) = self.waiters.seat(max) else {
-                    return Later::Now(self.unseated(c, grpc));
-                };
-                self.metrics().allowed.increment(1);
-                let wait = std::time::Duration::from_millis(c.decision.wait_ms());
-                let waiting = self.metrics_wait();
-                waiting.waiting.set(self.waiters.len() as f64);
-                let this = self.clone();
-                Later::pending(async move {
-                    let started = tokio::time::Instant::now();
-                    let limiter = this.clone();
-                    let give_back = move |mut c: Charged| {
-                        limiter.metrics_wait().cancelled.increment(1);
-                        limiter.give_back(&mut c);
-                    };
-                    match super::wait::hold(c, seat, wait, give_back).await {
-                        Some(mut c) => {
-                            this.metrics_wait()
-                                .waited
-                                .record(started.elapsed().as_secs_f64());
-                            c.went_on_after(wait);
-                            Verdict::Forward(Some(c))
-                        }
-                        None => Verdict::Answer(problem::unavailable(
-                            grpc,
-                            1,
-                            "the service is shutting down: this request's turn was given back",
-                        )),
-                    }
-                })
+    fn wait_turn(self: &Arc<Self>, c: Charged, grpc: bool) -> Deciding {
+        let max = c.policy.waits().map_or(0, |w| w.max_waiting);
+        let Some(seat) = self.waiters.seat(max) else {
+            return Later::Now(self.unseated(c, grpc));
+        };
+        self.metrics().allowed.increment(1);
+        let wait = std::time::Duration::from_millis(c.decision.wait_ms());
+        let waiting = self.metrics_wait();
+        waiting.waiting.set(self.waiters.len() as f64);
+        let this = self.clone();
+        Later::pending(async move {
+            let started = tokio::time::Instant::now();
+            let limiter = this.clone();
+            let give_back = move |mut c: Charged| {
+                limiter.metrics_wait().cancelled.increment(1);
+                limiter.give_back(&mut c);
+            };
+            match super::wait::hold(c, seat, wait, give_back).await {
+                Some(mut c) => {
+                    this.metrics_wait()
+                        .waited
+                        .record(started.elapsed().as_secs_f64());
+                    c.went_on_after(wait);
+                    Verdict::Forward(Some(c))
+                }
+                None => Verdict::Answer(problem::unavailable(
+                    grpc,
+                    1,
+                    "the service is shutting down: this request's turn was given back",
+                )),
             }
-            verdict => Later::Now(verdict),
-        }
+        })
     }
 
     /// A request booked for a turn with no seat left to wait in: its turn
@@ -550,12 +548,13 @@ impl Limiter {
 
     /// Turns a charge's answer into what happens to the request. A rejection
     /// is built from this one answer only.
+    #[inline]
     fn verdict(
-        &self,
+        self: &Arc<Self>,
         asked: Asked,
         source: Source,
         result: Result<Decision, StoreError>,
-    ) -> Verdict {
+    ) -> Deciding {
         let m = self.metrics();
         if let Source::Store(permit, started) = source {
             if let Some(t) = started {
@@ -566,20 +565,26 @@ impl Limiter {
             }
         }
         match result {
+            Ok(decision) if decision.is_allowed() && decision.wait_ms() > 0 => {
+                // A booked turn counts once it has a seat.
+                let grpc = asked.grpc;
+                self.wait_turn(self.charged(asked, decision, ChargedTo::Store), grpc)
+            }
             Ok(decision) if decision.is_allowed() => {
-                // A booked turn counts once it has a seat (see `turn`).
-                if decision.wait_ms() == 0 {
-                    m.allowed.increment(1);
-                }
-                Verdict::Forward(Some(self.charged(asked, decision, ChargedTo::Store)))
+                m.allowed.increment(1);
+                Later::Now(Verdict::Forward(Some(self.charged(
+                    asked,
+                    decision,
+                    ChargedTo::Store,
+                ))))
             }
             Ok(decision) => {
                 // Only the store's own rejections are cached, not the deny
                 // cache's (already there).
                 let cache = matches!(source, Source::Store(..));
-                self.reject(asked, decision, cache)
+                Later::Now(self.reject(asked, decision, cache))
             }
-            Err(err) => self.store_failed(asked, err),
+            Err(err) => Later::Now(self.store_failed(asked, err)),
         }
     }
 

@@ -198,6 +198,7 @@ impl Entry {
 
     /// Writes an admitted charge of `cost` to quota `q`'s slot (at index
     /// `at`, or new).
+    #[inline]
     fn commit(&mut self, at: Option<usize>, q: &Quota, next: Next, now: u64, cost: u64) {
         match at {
             Some(i) => {
@@ -437,10 +438,15 @@ impl MemoryStore {
 }
 
 /// Counts the live keys evicted to make room for a key of `namespace`.
+#[inline]
 fn count_evictions(namespace: &super::Namespace, made: bounded::Made) {
     if made.evicted > 0 {
+        count(namespace, made.evicted);
+    }
+    #[cold]
+    fn count(namespace: &super::Namespace, evicted: usize) {
         metrics::counter!("ratelimit_memory_evictions_total", "limiter" => namespace.name().to_owned())
-            .increment(made.evicted as u64);
+            .increment(evicted as u64);
     }
 }
 
