@@ -1,6 +1,6 @@
 -- A standalone copy of the fixed-window charge script as it was before the
 -- algorithms were assembled into lua/charge.lua: the naive baseline of
--- examples/bench_server.rs runs it, and benches/redis.rs gives its raw
+-- tools/src/bin/bench_server.rs runs it, and benches/redis.rs gives its raw
 -- redis-benchmark figures (the performance targets' reference numbers are for it).
 --
 -- Fixed window charge: all quotas of a policy, all or nothing, in one call.

@@ -20,6 +20,7 @@
 //! ```
 //!
 //! Routes: `GET /` → 200 `ok`; `GET /not-modified` → 304 (refunded);
+//! `GET /now` → 200 with the time the handler ran (Unix ms);
 //! `GET /status/{code}` → that status; `GET /slow/{ms}` → 200 after holding the
 //! request that long; `GET /tokens/{n}` → 200 with `x-tokens-used: n` (what
 //! `--token-quota` settles); `GET /rate_limit` → the caller's state
@@ -31,6 +32,14 @@
 //! with `--store`), and `--shed-capacity N` sheds by the `x-priority` header
 //! (`critical`, `normal`, `low`, `test`) when N requests are in flight
 //! (`--adaptive`: with a capacity found from latency, starting at 20).
+//! `--wait-up-to DUR` (GCRA quotas) holds a request until its turn instead
+//! of refusing it, when its turn is that near; `--penalty-after N
+//! --penalty-for DUR` blocks a client refused N times within a window:
+//!
+//! ```text
+//! cargo run --example demo -- --algorithm gcra --limit 5 --window 1s --wait-up-to 10s
+//! cargo run --example demo -- --limit 5 --window 10s --penalty-after 3 --penalty-for 30s
+//! ```
 //! `--fleet-shed-capacity N` (with `--store redis`) sheds by the same header
 //! when the whole fleet has N requests in flight, counted in Redis:
 //!
@@ -71,7 +80,9 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_ratelimit::rate::{Advisor, Limits, LimitsError, Settlement, SharedLimits};
+use tower_ratelimit::rate::{
+    Advisor, Limits, LimitsError, Penalty, Settlement, SharedLimits, Wait,
+};
 use tower_ratelimit::store::{Coordinated, RedisStore, RedisStoreBuilder, ShardedStore, Store};
 use tower_ratelimit::ConcurrencyLimitLayer;
 use tower_ratelimit::{adaptive::Adaptive, shed::Priority, LoadShedLayer};
@@ -141,6 +152,20 @@ struct Args {
     /// Token bucket and GCRA: the most requests admitted at once (default: the limit).
     #[arg(long)]
     burst: Option<u64>,
+    /// Wait up to this long for a request's turn instead of refusing it
+    /// (GCRA quotas: `--algorithm gcra`), e.g. `10s`.
+    #[arg(long, value_parser = common::parse_duration)]
+    wait_up_to: Option<Duration>,
+    /// With `--wait-up-to`: the most requests this instance holds waiting.
+    #[arg(long, default_value_t = 1_000)]
+    max_waiting: usize,
+    /// Block a client refused this many times within one window (the
+    /// penalty box), for `--penalty-for`.
+    #[arg(long)]
+    penalty_after: Option<u64>,
+    /// With `--penalty-after`: how long a block lasts, e.g. `30s`.
+    #[arg(long, default_value = "60s", value_parser = common::parse_duration)]
+    penalty_for: Duration,
     /// What a client is: `ip` (the peer address), `global` (one shared limit) or `header:NAME`.
     #[arg(long, default_value = "ip", value_parser = common::parse_key)]
     key: common::KeyKind,
@@ -599,6 +624,13 @@ fn slot_store(args: &Args) -> Result<RedisStore, Box<dyn std::error::Error>> {
 
 /// Connections are opened before serving; a store not reachable yet is
 /// retried on use, under the failure policy.
+/// The system clock, Unix ms.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 fn connect_or_warn(result: Result<(), tower_ratelimit::StoreError>) {
     if let Err(e) = result {
         tracing::warn!(error = %e, "the store is not reachable yet; serving under the failure policy");
@@ -659,6 +691,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut app = Router::new()
         .route("/", get(|| async { "ok" }))
+        // When the handler ran (Unix ms): with --wait-up-to, each request's turn.
+        .route("/now", get(|| async { now_ms().to_string() }))
         .route("/not-modified", get(|| async { StatusCode::NOT_MODIFIED }))
         .route("/status/{code}", get(status))
         .route("/slow/{ms}", get(slow))
@@ -679,6 +713,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     // The rate limit's runtime limits, for the admin interface.
     let mut admin = None;
+    // The rate limit, whose waiting requests are answered at shutdown.
+    let mut rate_limit_layer = None;
     // Innermost first: concurrency, then the rate limit, then shedding outermost.
     if let Some(limit) = args.concurrency {
         let mut builder = ConcurrencyLimitLayer::builder()
@@ -711,6 +747,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .named("tokens")?
                     .with_unit("tokens")?,
             )?;
+        }
+        if let Some(max) = args.wait_up_to {
+            policy = policy.wait(Wait::up_to(max).max_waiting(args.max_waiting))?;
+        }
+        if let Some(after) = args.penalty_after {
+            policy = policy.penalty(Penalty::after(after).block_for(args.penalty_for))?;
         }
         let mut builder = RateLimitLayer::builder()
             .quota(policy)
@@ -773,6 +815,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let layer = builder.build()?;
         connect_or_warn(layer.connect().await);
         admin = Some(layer.limits());
+        rate_limit_layer = Some(layer.clone());
         // Added after `.layer`, so the status route itself is never counted.
         app = app
             .layer(layer.clone())
@@ -834,7 +877,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(common::shutdown_signal())
+    .with_graceful_shutdown(async move {
+        common::shutdown_signal().await;
+        // Requests waiting for their turn get an answer now, not at their turn.
+        if let Some(layer) = rate_limit_layer {
+            layer.close_waiters();
+        }
+    })
     .await?;
     Ok(())
 }

@@ -2,18 +2,23 @@
 -- or nothing, whatever their algorithms, in order (two requests for one key
 -- see each other's charges). Concurrent requests travel together in one call
 -- (src/store/redis/batch.rs); an idle service sends batches of one.
--- Assembled after lua/prelude.lua, lua/rate.lua, the algorithm files and
--- lua/policy.lua (src/store/redis/scripts.rs); the shared vectors in tests/
--- keep each algorithm equal to its twin in src/algorithm/.
+-- Assembled after lua/prelude.lua, lua/rate.lua, the algorithm files,
+-- lua/policy.lua and, when the batch has a policy that waits or keeps a
+-- penalty box, lua/refusal.lua (src/store/redis/scripts.rs); the shared
+-- vectors in tests/ keep each algorithm equal to its twin in src/algorithm/.
 --
 -- ARGV[1]  P, the number of distinct policies in the batch; then each policy
---          as lua/policy.lua reads it (n, then 6 arguments per quota)
+--          as lua/policy.lua reads it (n, then 6 arguments per quota; -n,
+--          the quotas and 6 refusal settings for a policy that waits or
+--          keeps a penalty box)
 -- then     J, the number of requests; then 4 arguments per request: its
 --          policy (1..P, or 0: the same key and policy as the request before
 --          it, which it continues a run of; see charge_run), now (Unix ms
 --          from the application's clock; "" = Redis TIME), its cost (units
 --          charged to each quota counting requests) and its reservation
---          (units charged to each quota of another unit; see `ask`)
+--          (units charged to each quota of another unit; see `ask`) or,
+--          for a policy that waits (whose quotas all count requests), how
+--          far ahead it may be booked (ms; 0: not at all)
 -- KEYS     per request that does not continue a run, in order: the client's
 --          hash (prefix .. "{" .. tag .. "}", all scalar state), then one
 --          sorted set per sliding-log quota of its policy, in policy order
@@ -33,12 +38,16 @@
 -- alone changed with HINCRBY. Requests in a
 -- row for one key and policy without logs (the application marks them) are
 -- one run: one HMGET, one HSET and at most one PEXPIRE for all of them
--- (charge_run; 43-58% less Redis CPU per decision for a hot key).
+-- (charge_run; 43-58% less Redis CPU per decision for a hot key). A
+-- policy that waits or keeps a penalty box is charged one request at a
+-- time by refusal.charge (lua/refusal.lua), never by a step or a run.
 --
 -- Returns, per request in order, k and then k numbers {allowed (1/0), now,
 -- block_1, ..., block_n}: each quota's state as read, before this request's
 -- charge (block layouts in the algorithm files), from which the application
--- derives every header; or -1 when that request alone failed (e.g. its key
+-- derives every header (a policy that waits or keeps a penalty box appends
+-- its turn and its penalty box as read: see refusal.charge); or -1 when
+-- that request alone failed (e.g. its key
 -- holds another type), the other requests of the batch being unaffected.
 -- The numbers are packed as 8-byte little-endian integers into one string,
 -- the reply's first element: one bulk string, which the application reads
@@ -158,18 +167,21 @@ end
 local policies = {}
 local at = 2
 for i = 1, tonumber(ARGV[1]) do
-  local quotas
-  quotas, at = parse_quotas(at, 6)
+  local quotas, r
+  quotas, at, r = parse_quotas(at, 6)
   -- Whether any quota keeps a sliding log (a key of its own per request).
   local logs = false
   for _, q in ipairs(quotas) do logs = logs or q.alg.log ~= nil end
   local fields = quota_fields(quotas)
+  -- A policy that waits or keeps a penalty box reads more fields, and is
+  -- charged by lua/refusal.lua, never through a step or a run.
+  if r then refusal.fields(quotas, r, fields) end
   -- A lone quota with a step (every algorithm but the sliding log), and
   -- the field a charge alone may change (see fixed_window.step).
   -- (A quota in another unit than requests is asked differently: see `ask`.)
-  local alg = #quotas == 1 and quotas[1].m == 0 and quotas[1].alg.step and quotas[1].alg
+  local alg = not r and #quotas == 1 and quotas[1].m == 0 and quotas[1].alg.step and quotas[1].alg
   policies[i] = {quotas = quotas, fields = fields, logs = logs,
-    step = alg and alg.step, q1 = quotas[1],
+    step = alg and alg.step, q1 = quotas[1], refusal = r,
     count = alg and alg.count and fields[alg.count]}
 end
 
@@ -230,6 +242,8 @@ local function run()
           -- number back into a string (snprintf).
           redis.call('HINCRBY', hash, pol.count, c)
         end
+      elseif pol.refusal then
+        refusal.charge(hash, pol, now, cost, ARGV[base + 4], out, decide, writes)
       else
         charge_one(hash, pol.quotas, pol.fields, now, cost, tonumber(ARGV[base + 4]), out)
       end

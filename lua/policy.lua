@@ -7,11 +7,20 @@
 -- counts requests, 1 admits while anything is left, 2 while the
 -- reservation fits; see `ask` in lua/prelude.lua) and, with a stride of 10,
 -- a settlement: the window id charged, when, what was charged and what the
--- request cost. Returns the quotas and the index after the policy.
+-- request cost. A policy that waits or keeps a penalty box sends -n
+-- instead of n, and after its quotas 6 refusal settings: whether it waits
+-- (1/0), its penalty box's field prefix ("" for none), the refusals that
+-- block, the span they are counted over, the block (ms) and whether a
+-- blocked request starts the block again (1/0) (see lua/refusal.lua).
+-- Returns the quotas, the index after the policy and its refusal settings
+-- (nil for a plain policy).
 -- Each quota carries q.f, its hash field names by suffix (q.f.c = prefix .. "c").
 local function parse_quotas(at, stride)
   local quotas = {}
-  for i = 1, tonumber(ARGV[at]) do
+  local n = tonumber(ARGV[at])
+  local plain = n >= 0
+  if not plain then n = -n end
+  for i = 1, n do
     local base = at + stride * (i - 1)
     local alg = algorithms[ARGV[base + 1]]
     if alg == nil then
@@ -37,7 +46,17 @@ local function parse_quotas(at, stride)
     end
     quotas[i] = q
   end
-  return quotas, at + 1 + stride * #quotas
+  local next = at + 1 + stride * n
+  if plain then return quotas, next end
+  local r = {
+    wait = ARGV[next] == '1',
+    pfx = ARGV[next + 1] ~= '' and ARGV[next + 1] or nil,
+    after = tonumber(ARGV[next + 2]),
+    within = tonumber(ARGV[next + 3]),
+    block = tonumber(ARGV[next + 4]),
+    extend = ARGV[next + 5] == '1',
+  }
+  return quotas, next + 6, r
 end
 
 -- Every quota's hash fields, in order, for one HMGET; notes where each starts.

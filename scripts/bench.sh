@@ -11,7 +11,7 @@
 #   ROUNDS=2 SECS=5 FIXED_SECS=5 scripts/bench.sh   # ~7 minutes
 #
 # The app runs with one tokio worker pinned to CPU $APP_CPU; wrk, the open-loop
-# load generator (examples/loadgen.rs) and redis-server share CPU $LOAD_CPU.
+# load generator (tools/src/bin/loadgen.rs) and redis-server share CPU $LOAD_CPU.
 # Per variant and round it records wrk's throughput and p50/p99, the app's CPU
 # per request, in user and kernel time (/proc/PID/stat utime, stime), Redis round trips per request
 # (INFO commandstats: EVALSHA, EVAL, PING, UNWATCH, SCRIPT — what clients send;
@@ -43,16 +43,16 @@ LOAD_CPU=${LOAD_CPU:-$(($(nproc) > 1 ? 1 : 0))}
 
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-BIN=$CARGO_TARGET_DIR/release/examples
+BIN=$CARGO_TARGET_DIR/release
 
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 install_missing "wrk redis-server openssl curl" wrk redis-server redis-cli openssl curl
 
-cargo build --quiet --release --features redis,tls --example bench_server --example loadgen
+cargo build --quiet --release -p tower-ratelimit-tools --bin bench_server --bin loadgen
 
 # Variants named VARIANT@base run the bench_server of BASE_REV (the working
-# tree's examples/bench_server.rs built against that revision of the crate),
+# tree's tools/src/bin/bench_server.rs built against that revision of the crate),
 # side by side with the working tree's, in the same rounds.
 BASE_BIN=""
 if [ -n "${BASE_REV:-}" ]; then
@@ -63,7 +63,7 @@ if [ -n "${BASE_REV:-}" ]; then
   # revision is quick.
   build_at "$BASE_REV" "$BASE_TREE" bench_server "$CARGO_TARGET_DIR/bench-base" --features redis
   git worktree remove --force "$BASE_TREE"
-  BASE_BIN=$CARGO_TARGET_DIR/bench-base/release/examples/bench_server
+  BASE_BIN=$BUILT
 fi
 
 WORK=$(mktemp -d)

@@ -51,7 +51,7 @@ for v in known:
     names[v + "@base"] = names[v] + " (baseline revision)"
 order = [v for k in known for v in (k, k + "@base") if v in sat]
 base = med([s[0] for s in sat["none"]]) if "none" in sat else None
-fixed_note = f"fixed rate: examples/loadgen.rs for {fsecs}s. " if fix else ""
+fixed_note = f"fixed rate: tools/src/bin/loadgen.rs for {fsecs}s. " if fix else ""
 print(f"\nMachine: {machine}. {rounds} interleaved rounds; saturation: wrk -t2 -c{conns} -d{secs}s; "
       f"{fixed_note}Medians over rounds. "
       f"CPU steal during the run: {steal}% (time the hypervisor gave to other guests; "

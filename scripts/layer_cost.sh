@@ -8,14 +8,14 @@
 #   scripts/layer_cost.sh            # working tree vs HEAD
 #   scripts/layer_cost.sh 2b8672a    # working tree vs a tag or commit
 #
-# For each tree it builds examples/layer_cost.rs (the working tree's copy, so
-# both run the same driver) and counts what one request through the layer
+# For each tree it builds tools/src/bin/layer_cost.rs (the working tree's copy,
+# so both run the same driver) and counts what one request through the layer
 # costs (memory store, one hot key, a no-op service answering as axum's hello
 # world does): the difference between 2 000 and 10 000 requests, divided by
 # 8 000, so start-up is left out. Rows: the service alone (the baseline the
 # layer adds to), the layer without rate-limit headers, GitHub headers
-# with a limit of 10^9 (every number formatted, as in scripts/bench.sh) and of
-# 9 999 (numbers from the static table but the reset), and the IETF headers.
+# with a limit of 10^9 (numbers of full length, as in scripts/bench.sh) and of
+# 9 999 (shorter numbers), and the IETF headers.
 #
 # Needs valgrind (installed with apt when missing). The first run builds the
 # other revision in target/layer-cost (a few minutes); later runs reuse it.
@@ -37,11 +37,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --quiet --release --example layer_cost
-cp "$CARGO_TARGET_DIR/release/examples/layer_cost" "$TREE.here"
+cargo build --quiet --release -p tower-ratelimit-tools --bin layer_cost
+cp "$CARGO_TARGET_DIR/release/layer_cost" "$TREE.here"
 
-build_at "$REV" "$TREE" layer_cost "$ROOT/target/layer-cost"
-cp "$ROOT/target/layer-cost/release/examples/layer_cost" "$TREE.there"
+build_at "$REV" "$TREE" layer_cost "$ROOT/target/layer-cost" --features redis
+cp "$BUILT" "$TREE.there"
 
 # Instructions callgrind counts for one run of BIN with ARGS.
 instructions() {

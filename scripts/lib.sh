@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Shared by scripts/test.sh, scripts/bench.sh, scripts/script_cost.sh,
-# scripts/layer_cost.sh, scripts/server_cost.sh, scripts/criterion_compare.sh
-# and scripts/criterion_instructions.sh (sourced, not run).
+# scripts/layer_cost.sh, scripts/server_cost.sh, scripts/instructions.sh,
+# scripts/criterion_compare.sh and scripts/criterion_instructions.sh
+# (sourced, not run).
 
 # A 127.0.0.1 TCP port nothing listens on (never Redis's default 6379).
 free_port() {
@@ -75,28 +76,44 @@ install_missing() { # "packages" command...
   done
 }
 
-# Builds the working tree's examples/NAME.rs against revision REV, checked
-# out in a new git worktree TREE (the caller removes it), into the cargo
-# target directory TARGET, with cargo ARGS. A revision older than
-# `RateLimitLayer::inner_body` builds it without that call: there, the
+# Builds the working tree's tool tools/src/bin/NAME.rs against revision REV,
+# checked out in a new git worktree TREE (the caller removes it), into the
+# cargo target directory TARGET, and sets BUILT to the binary's path. A
+# revision from before the tools had a package of their own builds it as
+# examples/NAME.rs (its paths to the repository's files made one directory
+# shorter) with cargo ARGS, the features it needs there. A revision older
+# than `RateLimitLayer::inner_body` builds it without that call: there, the
 # layer's responses can only be wrapped.
-build_at() { # rev tree name target [cargo args...]
-  local rev=$1 tree=$2 name=$3 target=$4
+build_at() { # rev tree name target [cargo args for an older revision...]
+  local rev=$1 tree=$2 name=$3 target=$4 src
   shift 4
   git worktree add --quiet --detach "$tree" "$rev"
-  cp "examples/$name.rs" "$tree/examples/$name.rs"
+  if [ -f "$tree/tools/Cargo.toml" ]; then
+    src=$tree/tools/src/bin/$name.rs
+    cp "tools/src/bin/$name.rs" "$src"
+  else
+    src=$tree/examples/$name.rs
+    sed 's#"\.\./\.\./\.\./#"../#g' "tools/src/bin/$name.rs" >"$src"
+  fi
   if ! grep -rq "fn inner_body" "$tree/src"; then
     echo "$(basename "$0"): $rev has no inner_body(); its $name wraps response bodies" >&2
-    sed -i 's/\.inner_body()//' "$tree/examples/$name.rs"
+    sed -i 's/\.inner_body()//' "$src"
   fi
-  (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --quiet --release --example "$name" "$@")
+  if [ -f "$tree/tools/Cargo.toml" ]; then
+    (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --quiet --release -p tower-ratelimit-tools --bin "$name")
+    BUILT=$target/release/$name
+  else
+    (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --quiet --release --example "$name" "$@")
+    BUILT=$target/release/examples/$name
+  fi
 }
 
-# Waits up to 5 s for the redis-server on 127.0.0.1:PORT to answer PING;
+# Waits up to 20 s (a busy host starts it slowly) for the redis-server on
+# 127.0.0.1:PORT to answer PING;
 # fails, showing its LOG, if it never does.
 wait_for_redis() { # port log
   local _
-  for _ in $(seq 100); do
+  for _ in $(seq 400); do
     [ "$(redis-cli -p "$1" PING 2>/dev/null)" = PONG ] && return
     sleep 0.05
   done

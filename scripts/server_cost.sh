@@ -14,7 +14,7 @@
 #   scripts/server_cost.sh 2b8672a      # beside a tag or commit, side by side
 #   VARIANTS="none memory" scripts/server_cost.sh
 #
-# Per variant it starts examples/bench_server.rs under callgrind (one tokio
+# Per variant it starts tools/src/bin/bench_server.rs under callgrind (one tokio
 # worker), warms it up with wrk for 2 s, zeroes the counters, drives it for
 # 4 s more, dumps them, and divides by the requests wrk completed (requests
 # still in flight when wrk stops add up to 64 to the count's numerator: under
@@ -52,11 +52,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --quiet --release --features redis --example bench_server
-cp "$CARGO_TARGET_DIR/release/examples/bench_server" "$WORK/here"
+cargo build --quiet --release -p tower-ratelimit-tools --bin bench_server
+cp "$CARGO_TARGET_DIR/release/bench_server" "$WORK/here"
 if [ -n "$REV" ]; then
   build_at "$REV" "$WORK/tree" bench_server "$ROOT/target/server-cost" --features redis
-  cp "$ROOT/target/server-cost/release/examples/bench_server" "$WORK/there"
+  cp "$BUILT" "$WORK/there"
 fi
 
 RPORT=$(free_port)

@@ -284,7 +284,7 @@ impl Breakers {
 #[derive(Default)]
 pub(crate) struct LogThrottle {
     base: std::sync::OnceLock<Instant>,
-    last: [AtomicU64; 3],
+    last: [AtomicU64; 4],
 }
 
 /// The kinds of log line a limiter throttles.
@@ -293,6 +293,7 @@ pub(crate) enum Log {
     Rejected = 0,
     KeyError = 1,
     StoreError = 2,
+    Blocked = 3,
 }
 
 impl LogThrottle {

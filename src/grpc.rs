@@ -66,6 +66,27 @@ pub fn is_grpc(parts: &Parts) -> bool {
             .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// A call's deadline from its `grpc-timeout` header, in whole ms (rounded
+/// down), when it carries a valid one: up to 8 digits and a unit (`H`, `M`,
+/// `S`, `m`, `u` or `n`). Anything else is no deadline.
+pub(crate) fn timeout_ms(parts: &Parts) -> Option<u64> {
+    let v = parts.headers.get("grpc-timeout")?.as_bytes();
+    let (&unit, digits) = v.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => n * 3_600_000,
+        b'M' => n * 60_000,
+        b'S' => n * 1_000,
+        b'm' => n,
+        b'u' => n / 1_000,
+        b'n' => n / 1_000_000,
+        _ => return None,
+    })
+}
+
 /// The `grpc-status` in a response head (trailers-only responses carry it there).
 pub fn status_code(headers: &HeaderMap) -> Option<i32> {
     headers.get("grpc-status")?.to_str().ok()?.parse().ok()
@@ -170,6 +191,27 @@ fn base64(data: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_grpc_timeout_reads_as_whole_milliseconds_and_anything_malformed_as_none() {
+        let parts = |v: &str| {
+            http::Request::builder()
+                .header("grpc-timeout", v)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0
+        };
+        assert_eq!(timeout_ms(&parts("1S")), Some(1_000));
+        assert_eq!(timeout_ms(&parts("250m")), Some(250));
+        assert_eq!(timeout_ms(&parts("2H")), Some(7_200_000));
+        assert_eq!(timeout_ms(&parts("1500u")), Some(1));
+        assert_eq!(timeout_ms(&parts("99999999n")), Some(99));
+        for bad in ["", "S", "123456789S", "1x", "-1S", "1.5S", "１S"] {
+            assert_eq!(timeout_ms(&parts(bad)), None, "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -224,9 +224,9 @@ pub(crate) fn github(
 /// of a fixed window, and of one second for the other algorithms, carries
 /// the same reset, so each thread keeps the last value it made and clones
 /// it: no digits to write, nothing to validate, a smaller shared buffer for
-/// the other numbers (about a twentieth of a request through the layer
-/// with GitHub headers, `benches/memory.rs`). A thread's own copy, so that
-/// threads never contend for it.
+/// the other numbers. Without it a request with GitHub headers exceeds its
+/// instruction budget (`memory-headers` in `benches/instructions.budget`).
+/// A thread's own copy, so that threads never contend for it.
 fn reset_value(secs: u64) -> HeaderValue {
     thread_local! {
         static LAST: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
@@ -256,7 +256,9 @@ impl AsRef<[u8]> for Digits {
 
 /// Header values of up to three numbers, sharing one allocation: the
 /// GitHub headers of a response write several, and each allocation (with
-/// its free) costs about as much as inserting a header.
+/// its free) costs about as much as inserting a header. Without it a
+/// request with GitHub headers exceeds its instruction budget
+/// (`memory-headers` in `benches/instructions.budget`).
 fn integers<const N: usize>(numbers: [u64; N]) -> [HeaderValue; N] {
     const { assert!(N <= 3, "a u64 has at most 20 digits") };
     let mut digits = Digits {

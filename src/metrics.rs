@@ -51,6 +51,11 @@
 //! | `ratelimit_advice_current_limit` | gauge | `tier` | `advisor` | the tier's limit per advisor window |
 //! | `ratelimit_advice_suggested_limit` | gauge | `tier` | `advisor` | the limit the tier's usage suggests (its percentile times the headroom) |
 //! | `ratelimit_advice_fleet_failures_total` | counter | | `advisor`, `redis` | sends of closed windows to the fleet's report in Redis that failed (the report lacks them) |
+//! | `ratelimit_wait_seconds` | histogram | | `wait` | how long requests the store booked for a later turn [waited](crate::rate::Wait) for it |
+//! | `ratelimit_waiting` | gauge | | `wait` | requests this instance holds waiting for their turn (set as a request starts waiting) |
+//! | `ratelimit_wait_cancelled_total` | counter | | `wait` | waiting requests whose client went away (or whose layer closed its waiters) before their turn: the turn was given back |
+//! | `ratelimit_penalty_blocks_total` | counter | | `penalty` | refusals that put a key in its policy's [penalty box](crate::rate::Penalty), as this instance saw them |
+//! | `ratelimit_penalty_blocked_total` | counter | | `penalty` | requests refused because their key was in a penalty box (also counted as `rejected` decisions) |
 //!
 //! The concurrency limiter and the load shedder report under their own
 //! prefixes, `concurrency_` and `load_shed_`, with the same `limiter`

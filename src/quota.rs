@@ -1,7 +1,14 @@
 //! Quotas (how much, over how long, by which algorithm) and policies (the
 //! quotas one request is charged against): [`Quota`], [`Policy`], [`Algorithm`].
 
+mod refusal;
 mod text;
+
+#[cfg(feature = "penalty")]
+pub use refusal::Penalty;
+pub(crate) use refusal::Refusal;
+#[cfg(feature = "wait")]
+pub use refusal::Wait;
 
 use crate::error::{ConfigError, ConfigErrorKind};
 use std::borrow::Cow;
@@ -706,14 +713,17 @@ struct Quotas {
     /// `RateLimit-Policy` field and each quota's name as a structured-field
     /// string (see `headers::ietf_parts`).
     ietf: OnceLock<(http::HeaderValue, Box<[String]>)>,
-    /// A digest of the quotas, made once: what caches key a policy by.
+    /// What it does instead of a plain refusal: wait, block.
+    refusal: Refusal,
+    /// A digest of the quotas and the refusal settings, made once: what
+    /// caches key a policy by.
     fingerprint: u64,
 }
 
-// A policy is its quotas: the rest is made from them.
+// A policy is its quotas and its refusal settings: the rest is made from them.
 impl PartialEq for Quotas {
     fn eq(&self, other: &Self) -> bool {
-        self.quotas == other.quotas
+        self.quotas == other.quotas && self.refusal == other.refusal
     }
 }
 
@@ -736,6 +746,10 @@ impl Policy {
     }
 
     fn of(quotas: Vec<Quota>) -> Self {
+        Self::with(quotas, Refusal::default())
+    }
+
+    fn with(quotas: Vec<Quota>, refusal: Refusal) -> Self {
         let names = quotas
             .iter()
             .map(|q| match &q.name {
@@ -751,6 +765,7 @@ impl Policy {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             quotas.hash(&mut h);
+            refusal.hash(&mut h);
             h.finish()
         };
         Self {
@@ -759,6 +774,7 @@ impl Policy {
                 names,
                 limits,
                 ietf: OnceLock::new(),
+                refusal,
                 fingerprint,
             }),
         }
@@ -800,12 +816,23 @@ impl Policy {
             )));
         }
         v.push(quota);
-        Ok(Self::of(v))
+        Ok(Self::with(v, self.refusal()))
     }
 
     /// The quotas, in the order they were added.
     pub fn quotas(&self) -> &[Quota] {
         &self.inner.quotas
+    }
+
+    /// Its waiting and penalty settings.
+    pub(crate) fn refusal(&self) -> Refusal {
+        self.inner.refusal
+    }
+
+    /// The same quotas with `refusal`.
+    #[cfg(any(feature = "wait", feature = "penalty"))]
+    pub(crate) fn with_refusal(&self, refusal: Refusal) -> Policy {
+        Self::with(self.quotas().to_vec(), refusal)
     }
 
     /// The quotas' names, in the same order.
@@ -842,7 +869,7 @@ impl Policy {
                 .rated()
             })
             .collect();
-        Policy::of(quotas)
+        Policy::with(quotas, self.refusal())
     }
 }
 

@@ -5,10 +5,16 @@
 //! spent now, `reset_ms` when the quota is fully available again,
 //! `retry_after_ms` when a rejected request would be admitted (0 when it
 //! never can be), and `window_id` names the state a refund goes back to.
+//!
+//! A policy that waits for a request's turn or keeps a penalty box decides
+//! its charges through [`refusal`] (bookings on GCRA quotas, [`gcra::book`];
+//! the box itself, [`penalty`]).
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub(crate) mod penalty;
 mod rate;
+pub(crate) mod refusal;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;

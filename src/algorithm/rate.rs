@@ -50,13 +50,26 @@ impl Rate {
         } else {
             d
         };
-        let reset_ms = now + self.ms_to_refill(after);
         let retry_after_ms = if allowed || cost > self.burst {
             0
         } else {
             self.ms_to_refill(d + cost * self.unit - self.capacity)
         };
-        let status = QuotaStatus {
+        (self.status(d, after, now, allowed, retry_after_ms), after)
+    }
+
+    /// The status at `now` of a backlog `d` that a decision leaves at `after`.
+    #[inline]
+    fn status(
+        &self,
+        d: u64,
+        after: u64,
+        now: u64,
+        allowed: bool,
+        retry_after_ms: u64,
+    ) -> QuotaStatus {
+        let reset_ms = now + self.ms_to_refill(after);
+        QuotaStatus {
             limit: self.burst,
             remaining: self.capacity.saturating_sub(after) / self.unit,
             reset_ms,
@@ -65,8 +78,44 @@ impl Rate {
             // When the bucket would be full again had nothing else been charged.
             window_id: reset_ms,
             uncharged_reset_ms: NonZeroU64::new(now + self.ms_to_refill(d)),
-        };
-        (status, after)
+        }
+    }
+
+    /// A request's turn on a backlog `d`: the whole milliseconds from now
+    /// until `cost` fits (0 when it fits now), or `None` when it never does
+    /// (a cost above the burst).
+    pub(crate) fn turn(&self, d: u64, cost: u64) -> Option<u64> {
+        if cost > self.burst {
+            return None;
+        }
+        let over = d
+            .saturating_add(cost * self.unit)
+            .saturating_sub(self.capacity);
+        Some(self.ms_to_refill(over))
+    }
+
+    /// Where a request of `cost` booked for its turn `t` ms from now (at or
+    /// after its [`turn`](Self::turn) on `d`) starts, in fine units from
+    /// now: when the backlog before it has refilled to empty, or at the
+    /// turn, whichever is later. The charge sits on top: the backlog it
+    /// leaves is `start + cost * unit`. A start later than `d` leaves a gap
+    /// the bucket refills in before the turn, which nothing may spend:
+    /// were the charge stacked on `d` instead, the bucket would refill
+    /// while the request waits and admit another request in its place.
+    pub(crate) fn booked_start(&self, d: u64, t: u64) -> u64 {
+        d.max(t.saturating_mul(self.per_ms))
+    }
+
+    /// The status at `now` of a request of `cost` booked `t` ms ahead on a
+    /// backlog `d` (see [`booked_start`](Self::booked_start)), and the
+    /// backlog to store: admitted, with the quota as the booking leaves it
+    /// (a quota that had to wait has nothing left; each is full again once
+    /// the booked charge has refilled).
+    pub(crate) fn book(&self, d: u64, now: u64, t: u64, cost: u64) -> (QuotaStatus, u64) {
+        let after = self
+            .booked_start(d, t)
+            .saturating_add(cost.saturating_mul(self.unit));
+        (self.status(d, after, now, true, 0), after)
     }
 
     /// The fine units a refund of `cost` gives back to a backlog `d`: the

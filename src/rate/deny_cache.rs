@@ -109,11 +109,15 @@ impl Denials {
         now: Instant,
     ) -> Option<Decision> {
         let (decision, elapsed) = self.map.read(&(*key, policy.fingerprint()), now, |d| {
-            let covered = cost.0 >= d.cost.0 && cost.1 >= d.cost.1 && d.policy == *policy;
+            // A blocked key is refused whatever it asks.
+            let blocked = d.decision.blocked_until_ms().is_some();
+            let covered =
+                (blocked || cost.0 >= d.cost.0 && cost.1 >= d.cost.1) && d.policy == *policy;
             covered.then(|| (d.decision.clone(), now - d.decided))
         })??;
         let elapsed = elapsed.as_millis() as u64;
-        let mut decision = decision;
+        // A key the cached refusal put in the penalty box is now in it.
+        let mut decision = decision.into_blocked();
         for s in decision.statuses_mut().iter_mut().filter(|s| !s.allowed) {
             s.retry_after_ms = s.retry_after_ms.saturating_sub(elapsed).max(1);
         }
@@ -121,16 +125,24 @@ impl Denials {
     }
 
     /// Remembers a rejection of `key` under `policy` that has a finite wait.
+    ///
+    /// A refusal of a request that could have waited `booked_ms` for its
+    /// turn holds only until its turn is that near: then the store would
+    /// book it. Under a policy with a penalty box, only a refusal that
+    /// found or put the key in the box is cached (until the block ends):
+    /// every other refusal must reach the store, which counts it.
     pub(crate) fn insert(
         &self,
         key: Key,
         cost: (u64, u64),
         decision: &Decision,
         policy: &Policy,
+        booked_ms: u64,
         now: Instant,
     ) {
-        let wait = decision.retry_after_ms();
-        if decision.is_allowed() || wait == 0 {
+        let counted = policy.penalty_box().is_some() && decision.blocked_until_ms().is_none();
+        let wait = decision.retry_after_ms().saturating_sub(booked_ms);
+        if decision.is_allowed() || wait == 0 || counted {
             return;
         }
         let denial = Denial {
@@ -180,7 +192,7 @@ mod tests {
     fn denies_until_the_retry_after_on_the_monotonic_clock_then_forgets() {
         let (c, clock) = (Denials::new(DenyCache::new()).unwrap(), ManualClock::new(0));
         let k = Key::new("k");
-        c.insert(k, (1, 1), &rejected(500), &policy(), clock.monotonic());
+        c.insert(k, (1, 1), &rejected(500), &policy(), 0, clock.monotonic());
         let d = c.check(&k, &policy(), (1, 1), clock.monotonic()).unwrap();
         assert_eq!(d, rejected(500), "same decision, same headers");
         clock.advance(Duration::from_millis(200));
@@ -197,7 +209,7 @@ mod tests {
     fn a_smaller_cost_or_reservation_is_not_denied_from_the_cache() {
         let c = Denials::new(DenyCache::new()).unwrap();
         let (k, now) = (Key::new("k"), Instant::now());
-        c.insert(k, (3, 3), &rejected(500), &policy(), now);
+        c.insert(k, (3, 3), &rejected(500), &policy(), 0, now);
         assert!(c.check(&k, &policy(), (2, 2), now).is_none());
         assert!(c.check(&k, &policy(), (3, 3), now).is_some());
         // A smaller reservation (a quota in tokens) might fit sooner too.
@@ -210,7 +222,7 @@ mod tests {
         let (k, now) = (Key::new("k"), Instant::now());
         let login = Policy::new(Quota::new(2, Duration::from_secs(3600)).unwrap());
         let api = Policy::new(Quota::new(100, Duration::from_secs(3600)).unwrap());
-        c.insert(k, (1, 1), &rejected(500), &login, now);
+        c.insert(k, (1, 1), &rejected(500), &login, 0, now);
         assert!(c.check(&k, &login, (1, 1), now).is_some());
         assert!(
             c.check(&k, &api, (1, 1), now).is_none(),
@@ -219,7 +231,7 @@ mod tests {
         // The same quotas built again are the same policy.
         let login_again = Policy::new(Quota::new(2, Duration::from_secs(3600)).unwrap());
         assert!(c.check(&k, &login_again, (1, 1), now).is_some());
-        c.insert(k, (1, 1), &rejected(900), &api, now);
+        c.insert(k, (1, 1), &rejected(900), &api, 0, now);
         assert_eq!(
             c.check(&k, &login, (1, 1), now).unwrap().retry_after_ms(),
             500
@@ -240,6 +252,7 @@ mod tests {
                 (1, 1),
                 &rejected(1_000),
                 &policy(),
+                0,
                 now,
             );
         }

@@ -10,7 +10,7 @@ use super::hooks::{Observe, Overrides};
 use super::response::Rejection;
 use super::settle::{CostFn, Deferred, Dropped, Known, RefundFn, SettleFn, TrailersFn, Usage};
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, RejectReason};
 use crate::error::StoreError;
 use crate::failure::{self, Guard, Log, OnStoreError};
 use crate::grpc;
@@ -93,8 +93,25 @@ pub(crate) struct Limiter {
     /// The offset between the clock and a network store's (none for a
     /// store in this process).
     pub(crate) skew: Option<Arc<crate::skew::Skew>>,
+    /// The requests held for a turn the store booked (a policy that waits).
+    pub(crate) waiters: Arc<super::wait::Waiters>,
+    pub(crate) refusal_metrics: OnceLock<RefusalMetrics>,
     /// This limiter's hold on its name in its store.
     pub(crate) _name: crate::names::Claim,
+}
+
+/// The series of waiting and of the penalty box.
+pub(crate) struct RefusalMetrics {
+    /// How long admitted requests waited for their turn.
+    pub(crate) waited: metrics::Histogram,
+    /// Requests whose client went away before their turn.
+    pub(crate) cancelled: metrics::Counter,
+    /// Requests waiting now.
+    pub(crate) waiting: metrics::Gauge,
+    /// Keys this instance saw put in a penalty box.
+    pub(crate) blocks: metrics::Counter,
+    /// Requests refused because their key was in a penalty box.
+    pub(crate) blocked: metrics::Counter,
 }
 
 /// What a request is limited under.
@@ -129,6 +146,14 @@ pub(crate) struct Charged {
 }
 
 impl Charged {
+    /// It went on `wait` after it was decided, at its booked turn: its
+    /// headers describe the state at that turn.
+    pub(crate) fn went_on_after(&mut self, wait: std::time::Duration) {
+        self.now_ms = self
+            .now_ms
+            .saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+    }
+
     /// Puts the charge's [`Status`] in the extensions of the request the
     /// inner service gets (a request that was not charged gets none).
     pub(crate) fn expose<B>(charged: &Option<Charged>, req: &mut http::Request<B>) {
@@ -171,6 +196,20 @@ struct Asked {
     units: u64,
     now_ms: u64,
     grpc: bool,
+    /// How far ahead its charge may be booked (0: not at all).
+    wait_ms: u64,
+}
+
+/// What the request head says of its charge, before its key is known.
+#[derive(Clone, Copy)]
+struct Call {
+    grpc: bool,
+    /// A gRPC call's deadline, ms from now (`grpc-timeout`).
+    deadline: Option<u64>,
+    /// What it costs each quota counting requests.
+    weight: u64,
+    /// What it reserves in each quota of another unit.
+    units: u64,
 }
 
 /// Where a charge's answer came from.
@@ -184,6 +223,27 @@ enum Source {
 }
 
 impl Limiter {
+    /// The series of waiting and of the penalty box.
+    pub(crate) fn metrics_wait(&self) -> &RefusalMetrics {
+        self.refusal_metrics.get_or_init(|| {
+            let name = self.namespace.name().to_owned();
+            RefusalMetrics {
+                waited: metrics::histogram!("ratelimit_wait_seconds", "limiter" => name.clone()),
+                cancelled: metrics::counter!("ratelimit_wait_cancelled_total", "limiter" => name.clone()),
+                waiting: metrics::gauge!("ratelimit_waiting", "limiter" => name.clone()),
+                blocks: metrics::counter!("ratelimit_penalty_blocks_total", "limiter" => name.clone()),
+                blocked: metrics::counter!("ratelimit_penalty_blocked_total", "limiter" => name),
+            }
+        })
+    }
+
+    /// Gives back everything `charged` took: its client went away before
+    /// its turn.
+    pub(crate) fn give_back(self: &Arc<Self>, charged: &mut Charged) {
+        let zeros = vec![0; charged.policy.quotas().len()];
+        self.settle_charge(charged, zeros);
+    }
+
     pub(crate) fn metrics(&self) -> &Metrics {
         self.metrics
             .get_or_init(|| Metrics::new(&RATE_LIMIT, self.namespace.name()))
@@ -203,6 +263,7 @@ impl Limiter {
             cost,
             units,
             now_ms,
+            wait_ms: 0,
             timeout: self.store_timeout,
         }
     }
@@ -322,15 +383,25 @@ impl Limiter {
             skew.start();
         }
         let grpc = grpc::is_grpc(parts);
-        let weight = self.cost.as_ref().map_or(1, |f| f(parts));
-        let cost = (weight, self.reserve.as_ref().map_or(weight, |f| f(parts)));
+        // A gRPC call waits for its turn at most until its deadline.
+        let deadline = if grpc { grpc::timeout_ms(parts) } else { None };
+        let call = Call {
+            grpc,
+            deadline,
+            weight: self.cost.as_ref().map_or(1, |f| f(parts)),
+            units: 0,
+        };
+        let call = Call {
+            units: self.reserve.as_ref().map_or(call.weight, |f| f(parts)),
+            ..call
+        };
         match self.resolve(parts) {
-            Ok(resolution) => self.charge(resolution, cost, grpc),
+            Ok(resolution) => self.charge(resolution, call),
             Err(later) => {
                 let this = self.clone();
                 Later::pending(async move {
                     let resolution = later.await;
-                    this.charge(resolution, cost, grpc).value().await
+                    this.charge(resolution, call).value().await
                 })
             }
         }
@@ -338,7 +409,8 @@ impl Limiter {
 
     /// Makes the one store call of a request (or answers from the
     /// deny cache or the open breaker without one).
-    fn charge(self: &Arc<Self>, resolution: Resolution, cost: (u64, u64), grpc: bool) -> Deciding {
+    fn charge(self: &Arc<Self>, resolution: Resolution, call: Call) -> Deciding {
+        let (cost, grpc) = ((call.weight, call.units), call.grpc);
         let (key, policy) = match resolution {
             Resolution::Found(key, policy) => (key, policy),
             Resolution::Exempt => {
@@ -356,6 +428,16 @@ impl Limiter {
         if let Some(candidate) = self.overrides.as_ref().and_then(|o| o.shadow(&key)) {
             self.charge_shadow(key, candidate, cost, now_ms);
         }
+        // A policy that waits may book a turn while this instance has room
+        // among its waiters (never in shadow mode, which changes nothing
+        // for the request); the seat is taken once the store has booked one
+        // (see `turn`), so a request admitted at once holds none.
+        let wait_ms = match policy.waits() {
+            Some(w) if !self.shadow && self.waiters.has_room(w.max_waiting) => {
+                call.deadline.map_or(w.max_ms(), |d| d.min(w.max_ms()))
+            }
+            _ => 0,
+        };
         let asked = Asked {
             key,
             policy,
@@ -363,13 +445,14 @@ impl Limiter {
             units: cost.1,
             now_ms,
             grpc,
+            wait_ms,
         };
         if let Some(denials) = &self.denials {
             if let Some(decision) =
                 denials.check(&asked.key, &asked.policy, cost, self.clock.monotonic())
             {
                 self.metrics().deny_cache_hits.increment(1);
-                return Later::Now(self.verdict(asked, Source::Local, Ok(decision)));
+                return self.verdict(asked, Source::Local, Ok(decision));
             }
         }
         // A store in this process cannot fail the way a network store
@@ -380,13 +463,16 @@ impl Limiter {
             let domain = self.store.failure_domain(&self.namespace, &asked.key);
             match self.guard.admit(domain, self.metrics()) {
                 Ok(permit) => Some(permit),
-                Err(open) => return Later::Now(self.verdict(asked, Source::Local, Err(open))),
+                Err(open) => return self.verdict(asked, Source::Local, Err(open)),
             }
         };
-        let call = self.call(&asked.key, &asked.policy, cost, now_ms);
-        let fut = match self.store.charge(&call).into_ready() {
+        let charge = Charge {
+            wait_ms: asked.wait_ms,
+            ..self.call(&asked.key, &asked.policy, cost, now_ms)
+        };
+        let fut = match self.store.charge(&charge).into_ready() {
             Ok(result) => {
-                return Later::Now(self.verdict(asked, Source::Store(permit, None), result))
+                return self.verdict(asked, Source::Store(permit, None), result);
             }
             Err(fut) => fut,
         };
@@ -394,18 +480,81 @@ impl Limiter {
         Later::pending(async move {
             let started = Instant::now();
             let result = failure::within(this.backstop, fut).await;
-            this.verdict(asked, Source::Store(permit, Some(started)), result)
+            // Not `.value().await`: a future of its own around the verdict
+            // would copy it twice more (the instruction budget's Redis case).
+            match this.verdict(asked, Source::Store(permit, Some(started)), result) {
+                Later::Now(verdict) => verdict,
+                Later::Pending(wait) => wait.await,
+            }
         })
+    }
+
+    /// A request the store booked for a later turn takes a seat among the
+    /// waiters and waits for it. Booked while
+    /// the last seats went to others (charges answered together), it gives
+    /// its turn back and is refused at once: a second store call, only when
+    /// the waiters are full.
+    fn wait_turn(self: &Arc<Self>, c: Charged, grpc: bool) -> Deciding {
+        let max = c.policy.waits().map_or(0, |w| w.max_waiting);
+        let Some(seat) = self.waiters.seat(max) else {
+            return Later::Now(self.unseated(c, grpc));
+        };
+        self.metrics().allowed.increment(1);
+        let wait = std::time::Duration::from_millis(c.decision.wait_ms());
+        let waiting = self.metrics_wait();
+        waiting.waiting.set(self.waiters.len() as f64);
+        let this = self.clone();
+        Later::pending(async move {
+            let started = tokio::time::Instant::now();
+            let limiter = this.clone();
+            let give_back = move |mut c: Charged| {
+                limiter.metrics_wait().cancelled.increment(1);
+                limiter.give_back(&mut c);
+            };
+            match super::wait::hold(c, seat, wait, give_back).await {
+                Some(mut c) => {
+                    this.metrics_wait()
+                        .waited
+                        .record(started.elapsed().as_secs_f64());
+                    c.went_on_after(wait);
+                    Verdict::Forward(Some(c))
+                }
+                None => Verdict::Answer(problem::unavailable(
+                    grpc,
+                    1,
+                    "the service is shutting down: this request's turn was given back",
+                )),
+            }
+        })
+    }
+
+    /// A request booked for a turn with no seat left to wait in: its turn
+    /// goes back, and it is refused as the booking's answer says.
+    fn unseated(self: &Arc<Self>, mut c: Charged, grpc: bool) -> Verdict {
+        let refused = c.decision.clone().into_unseated(c.cost);
+        self.give_back(&mut c);
+        let asked = Asked {
+            key: c.key,
+            policy: c.policy,
+            cost: c.cost,
+            units: c.units,
+            now_ms: c.now_ms,
+            grpc,
+            wait_ms: 0,
+        };
+        // Not cached: the store would book the key's next request.
+        self.reject(asked, refused, false)
     }
 
     /// Turns a charge's answer into what happens to the request. A rejection
     /// is built from this one answer only.
+    #[inline]
     fn verdict(
-        &self,
+        self: &Arc<Self>,
         asked: Asked,
         source: Source,
         result: Result<Decision, StoreError>,
-    ) -> Verdict {
+    ) -> Deciding {
         let m = self.metrics();
         if let Source::Store(permit, started) = source {
             if let Some(t) = started {
@@ -416,17 +565,26 @@ impl Limiter {
             }
         }
         match result {
+            Ok(decision) if decision.is_allowed() && decision.wait_ms() > 0 => {
+                // A booked turn counts once it has a seat.
+                let grpc = asked.grpc;
+                self.wait_turn(self.charged(asked, decision, ChargedTo::Store), grpc)
+            }
             Ok(decision) if decision.is_allowed() => {
                 m.allowed.increment(1);
-                Verdict::Forward(Some(self.charged(asked, decision, ChargedTo::Store)))
+                Later::Now(Verdict::Forward(Some(self.charged(
+                    asked,
+                    decision,
+                    ChargedTo::Store,
+                ))))
             }
             Ok(decision) => {
                 // Only the store's own rejections are cached, not the deny
                 // cache's (already there).
                 let cache = matches!(source, Source::Store(..));
-                self.reject(asked, decision, cache)
+                Later::Now(self.reject(asked, decision, cache))
             }
-            Err(err) => self.store_failed(asked, err),
+            Err(err) => Later::Now(self.store_failed(asked, err)),
         }
     }
 
@@ -455,11 +613,22 @@ impl Limiter {
         if self.shadow {
             m.shadow_rejected.increment(1);
             self.guard.log.event(Log::Rejected, || {
-                tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit would reject (shadow mode: admitted)");
+                tracing::info!(limiter = %self.namespace.name(), policy = %name, "rate limit would reject (shadow mode: admitted)");
             });
             return Verdict::Forward(None);
         }
         m.rejected.increment(1);
+        if let Some(until) = decision.blocked_until_ms() {
+            let penalty = self.metrics_wait();
+            if decision.reject_reason() == Some(RejectReason::Blocked) {
+                penalty.blocked.increment(1);
+            } else {
+                penalty.blocks.increment(1);
+                self.guard.log.event(Log::Blocked, || {
+                    tracing::warn!(limiter = %self.namespace.name(), policy = %name, block_ms = until.saturating_sub(asked.now_ms), "a client refused too often was put in the penalty box");
+                });
+            }
+        }
         if cache {
             if let Some(d) = &self.denials {
                 d.insert(
@@ -467,12 +636,13 @@ impl Limiter {
                     (asked.cost, asked.units),
                     &decision,
                     &asked.policy,
+                    asked.wait_ms,
                     self.clock.monotonic(),
                 );
             }
         }
         self.guard.log.event(Log::Rejected, || {
-            tracing::info!(limiter = self.namespace.name(), policy = %name, "rate limit exceeded");
+            tracing::info!(limiter = %self.namespace.name(), policy = %name, "rate limit exceeded");
         });
         let rejection = Rejection {
             decision: &decision,
@@ -503,7 +673,7 @@ impl Limiter {
             // overload, never a reason to admit without limit.
             self.metrics().overloaded.increment(1);
             self.guard.log.event(Log::StoreError, || {
-                tracing::warn!(limiter = self.namespace.name(), queued, "rate limit charges queue faster than the store answers: refusing with 503 (add store connections, or shed load before the limiter)");
+                tracing::warn!(limiter = %self.namespace.name(), queued, "rate limit charges queue faster than the store answers: refusing with 503 (add store connections, or shed load before the limiter)");
             });
             return Verdict::Answer(problem::unavailable_as(
                 problem::TEMPORARY_REDUCED_CAPACITY,
@@ -647,7 +817,7 @@ impl Limiter {
         if !failure::off_path(fut, self.backstop, move |result, started| {
             if let Err(err) = this.metrics().off_path_done(result, started) {
                 this.guard.log.event(Log::StoreError, || {
-                    tracing::warn!(limiter = this.namespace.name(), error = %err, kind = err.kind(), "rate limit settlement failed; the charge stands");
+                    tracing::warn!(limiter = %this.namespace.name(), error = %err, kind = err.kind(), "rate limit settlement failed; the charge stands");
                 });
             }
         }) {

@@ -37,7 +37,14 @@ mod limits;
 mod response;
 mod service;
 mod settle;
+mod wait;
 
+#[cfg(feature = "penalty")]
+#[cfg_attr(docsrs, doc(cfg(feature = "penalty")))]
+pub use crate::quota::Penalty;
+#[cfg(feature = "wait")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wait")))]
+pub use crate::quota::Wait;
 #[cfg(feature = "advisor")]
 #[cfg_attr(docsrs, doc(cfg(feature = "advisor")))]
 pub use advisor::{current_limit, Advice, Advisor, KeyAdvice, TierAdvice, MAX_TIERS};

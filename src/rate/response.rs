@@ -45,6 +45,14 @@ impl Rejection<'_> {
 
     /// A one-line explanation for bodies and `grpc-message`.
     pub fn detail(&self) -> String {
+        if let Some(until) = self.decision.blocked_until_ms() {
+            return format!(
+                "refused too often: blocked by rate limit \"{}\" until {} (retry in {} s)",
+                self.policy_name,
+                utc(until),
+                self.retry_after_secs().unwrap_or(1)
+            );
+        }
         match self.retry_after_secs() {
             Some(s) => format!("rate limit \"{}\" exceeded; retry in {s} s", self.policy_name),
             None => format!(
@@ -53,6 +61,29 @@ impl Rejection<'_> {
             ),
         }
     }
+}
+
+/// `ms` (Unix) as an RFC 3339 UTC time to the second, e.g.
+/// `2026-12-04T23:59:07Z`.
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 /// The default 429: an `application/problem+json` document (RFC 9457) of
@@ -82,6 +113,13 @@ pub fn default_rejection(r: &Rejection<'_>) -> Response<Bytes> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn utc_writes_unix_milliseconds_as_an_rfc_3339_time() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(1_796_428_799_999), "2026-12-04T23:59:59Z");
+    }
+
     use super::*;
     use crate::decision::QuotaStatus;
     use crate::Quota;

@@ -4,7 +4,7 @@ use super::call::{Charge, Namespace, Settle};
 use super::future::StoreFuture;
 use super::slots::{Acquire, Occupancy, Release};
 use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError};
+use crate::error::{ConfigError, ConfigErrorKind, StoreError};
 use crate::key::Key;
 use crate::Policy;
 
@@ -102,10 +102,12 @@ pub trait Store: Send + Sync + 'static {
     /// Why the store cannot enforce `policy`, if it cannot: a layer with a
     /// fixed policy asks when it is built, and runtime limits on every
     /// change (a store that counts requests only refuses a quota in tokens,
-    /// say). Defaults to `Ok`.
+    /// say). The default refuses a policy that waits for a request's turn
+    /// or keeps a penalty box, which the store itself must book and count
+    /// ([`Charge::wait_ms`], [`Decision::blocked`](crate::decision::Decision::blocked)):
+    /// the stores of this crate but the coordinated one do.
     fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        let _ = policy;
-        Ok(())
+        plain_only(policy, "this store")
     }
 
     /// Where the store keeps its state, for telling whether two limiters
@@ -136,6 +138,22 @@ pub trait Store: Send + Sync + 'static {
     fn connect(&self) -> StoreFuture<Result<(), StoreError>> {
         StoreFuture::ready(Ok(()))
     }
+}
+
+/// `Ok` unless `policy` waits or keeps a penalty box, which `what` cannot.
+pub(crate) fn plain_only(policy: &Policy, what: &str) -> Result<(), ConfigError> {
+    let feature = match (policy.waits(), policy.penalty_box()) {
+        (Some(_), _) => "waits for a request's turn",
+        (None, Some(_)) => "keeps a penalty box",
+        (None, None) => return Ok(()),
+    };
+    Err(ConfigError::new(
+        ConfigErrorKind::Conflict,
+        format!(
+            "the policy {feature}, which {what} cannot do: use a MemoryStore, a RedisStore or a \
+             ShardedStore of them"
+        ),
+    ))
 }
 
 fn no_slots() -> StoreError {

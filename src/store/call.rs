@@ -77,6 +77,13 @@ pub struct Charge<'a> {
     pub units: u64,
     /// The application's time, Unix ms.
     pub now_ms: u64,
+    /// How far ahead the request may be booked, in ms, when it does not fit
+    /// now (0: not at all). Only for a policy that waits
+    /// ([`Policy::wait`](crate::Policy::wait), feature `wait`): a store
+    /// that books it admits the request for its turn, at most this far
+    /// ahead, and says how long it waits
+    /// ([`Decision::with_wait`](crate::decision::Decision::with_wait)).
+    pub wait_ms: u64,
     /// How long the store may take to answer. Network stores count the time
     /// the call waits for the store (queued behind calls the store fails to
     /// answer, connecting, and the call itself), never the time it waits for
@@ -97,6 +104,7 @@ impl<'a> Charge<'a> {
             cost: 1,
             units: 1,
             now_ms,
+            wait_ms: 0,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -111,6 +119,12 @@ impl<'a> Charge<'a> {
     /// This charge reserving `units` in each quota of another unit.
     pub fn with_units(mut self, units: u64) -> Self {
         self.units = units;
+        self
+    }
+
+    /// This charge, booked at most `wait_ms` ahead when it does not fit now.
+    pub fn with_wait(mut self, wait_ms: u64) -> Self {
+        self.wait_ms = wait_ms;
         self
     }
 

@@ -95,9 +95,9 @@ use tokio::time::Instant;
 /// - a key **new to the fleet** is admitted in full for its first two to
 ///   three intervals, until its first counts are read.
 ///
-/// The limit holds on average, not per request: `examples/simulate.rs`
-/// measures surges, low rates and balancers (figures in the repository's
-/// `docs/performance.md`).
+/// The limit holds on average, not per request: the repository's fleet
+/// simulation (`tools/src/bin/simulate.rs`) measures surges, low rates and
+/// balancers (figures in its `docs/performance.md`).
 ///
 /// # What it counts
 ///
@@ -452,7 +452,7 @@ impl Store for Coordinated {
                  bytes) is settled in the store, so limit it with a layer of another store",
             ));
         }
-        Ok(())
+        crate::store::backend::plain_only(policy, "the coordinated mode")
     }
 
     fn identity(&self) -> Option<String> {

@@ -34,14 +34,6 @@ impl<T> StoreFuture<T> {
         }
     }
 
-    /// The value it was made ready with, to be written in place.
-    pub(crate) fn ready_mut(&mut self) -> Option<&mut T> {
-        match &mut self.inner {
-            Inner::Ready(value) => value.as_mut(),
-            Inner::Pending(_) => None,
-        }
-    }
-
     /// The value if it is there at once, else the future to wait for.
     pub(crate) fn into_ready(self) -> Result<T, Pin<Box<dyn Future<Output = T> + Send + 'static>>>
     where

@@ -1,6 +1,8 @@
 //! The embedded store: limiter state and concurrency slots in this
 //! process's memory, exact and bounded.
 
+mod refusal;
+
 use super::backend::Store;
 use super::call::{Charge, Settle};
 use super::future::StoreFuture;
@@ -59,6 +61,9 @@ struct Entry {
     /// The largest share of a quota the key had used at its last charge:
     /// what evicting it would hand back.
     used: Share,
+    /// The penalty boxes and holes of the policies that wait or keep a
+    /// penalty box (see [`refusal`]); none for a key of plain policies.
+    refusal: Option<Box<refusal::Extra>>,
 }
 
 /// `used` units of a quota of `limit`: compared by cross-multiplying, so
@@ -107,12 +112,29 @@ struct Slot {
 }
 
 impl Entry {
-    fn get(&self, id: u64) -> Option<&State> {
-        self.slots.iter().find(|s| s.id == id).map(|s| &s.state)
+    fn new() -> Self {
+        Entry {
+            slots: SmallVec::new(),
+            used: Share::NONE,
+            refusal: None,
+        }
+    }
+
+    /// Quota slot `id`'s state at `now`: none once it has expired, though
+    /// the entry lives on for another slot or a penalty box.
+    fn get(&self, id: u64, now: u64) -> Option<&State> {
+        self.slots
+            .iter()
+            .find(|s| s.id == id && s.expires_at > now)
+            .map(|s| &s.state)
     }
 
     fn expires_at(&self) -> u64 {
-        self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0)
+        let slots = self.slots.iter().map(|s| s.expires_at).max().unwrap_or(0);
+        match &self.refusal {
+            None => slots,
+            Some(x) => slots.max(x.expires_at()),
+        }
     }
 
     /// Charges every quota what `cost` and `units` ask of it, all or
@@ -126,18 +148,6 @@ impl Entry {
         decision: &mut Decision,
     ) {
         let ask = |q: &Quota| algorithm::ask(q, cost, units);
-        if let [q] = quotas {
-            // One quota, the common case: its write needs no keeping, which
-            // spares a tenth of a hot-key charge (`benches/memory.rs`).
-            let a = ask(q);
-            let (at, next, used) = self.evaluate(q, now, a, decision);
-            decision.decide_each(|_| (a.fit, a.charge));
-            if decision.is_allowed() {
-                self.commit(at, q, next, now, a.charge);
-                self.admitted(used, now);
-            }
-            return;
-        }
         // Where each quota's slot is, what it writes if all admit, and what
         // it is charged.
         let mut pending = SmallVec::<[(Option<usize>, Next, u64); 2]>::new();
@@ -174,14 +184,7 @@ impl Entry {
         let state = at.map(|i| &mut self.slots[i].state);
         let (status, next) = algorithm::charge(q, state, now, ask);
         let used = Share::of(&status);
-        // Rebuilt field by field, not moved whole: a move also copies the
-        // padding after `allowed`, whose one-byte store the wide load of
-        // the copy then waits on (a store-forwarding stall, a seventh of a
-        // hot-key charge in `benches/memory.rs`).
-        decision.push(QuotaStatus {
-            allowed: status.allowed,
-            ..status
-        });
+        decision.push(status);
         (at, next, used)
     }
 
@@ -195,6 +198,7 @@ impl Entry {
 
     /// Writes an admitted charge of `cost` to quota `q`'s slot (at index
     /// `at`, or new).
+    #[inline]
     fn commit(&mut self, at: Option<usize>, q: &Quota, next: Next, now: u64, cost: u64) {
         match at {
             Some(i) => {
@@ -333,38 +337,35 @@ impl MemoryStore {
         self.inner.slots.held(&(namespace.id(), *key))
     }
 
-    /// Charges `call` into `decision` (empty), written where the caller
-    /// reads it: a decision built and then returned through each frame
-    /// would be copied, field by field, at every step.
-    fn charge_into(&self, call: &Charge<'_>, decision: &mut Decision) {
+    fn charge_now(&self, call: &Charge<'_>) -> Decision {
+        if !call.policy.is_plain() {
+            return self.charge_refusing(call);
+        }
         let (now, cost, quotas) = (call.now_ms, (call.cost, call.units), call.policy.quotas());
         let key = (call.namespace.id(), *call.key);
+        let mut decision = Decision::empty();
         let ((), made) = self.inner.rates.update(key, now, |entry| match entry {
             Some(e) => {
-                e.charge(quotas, now, cost, decision);
+                e.charge(quotas, now, cost, &mut decision);
                 ((), None)
             }
             None => {
-                let mut fresh = Entry {
-                    slots: SmallVec::new(),
-                    used: Share::NONE,
-                };
-                fresh.charge(quotas, now, cost, decision);
+                let mut fresh = Entry::new();
+                fresh.charge(quotas, now, cost, &mut decision);
                 ((), (!fresh.slots.is_empty()).then_some(fresh))
             }
         });
         count_evictions(call.namespace, made);
+        decision
     }
 
     fn settle_now(&self, call: &Settle<'_>) {
         let c = &call.charge;
         let key = (c.namespace.id(), *c.key);
         let now = call.now_ms;
+        let waits = c.policy.waits().is_some();
         let ((), room) = self.inner.rates.update(key, now, |entry| {
-            let mut fresh = Entry {
-                slots: SmallVec::new(),
-                used: Share::NONE,
-            };
+            let mut fresh = Entry::new();
             let (made, e) = match entry {
                 Some(e) => (false, e),
                 None => (true, &mut fresh),
@@ -372,8 +373,13 @@ impl MemoryStore {
             let mut changed = false;
             for (q, settled) in call.each() {
                 let at = e.slots.iter().position(|s| s.id == slot_of(q));
-                let state = at.map(|i| &mut e.slots[i].state);
-                match (algorithm::settle(q, state, now, settled), at) {
+                let outcome = if waits {
+                    // Its bookings are given back in any order.
+                    e.settle_waiting(q, at, now, settled)
+                } else {
+                    algorithm::settle(q, at.map(|i| &mut e.slots[i].state), now, settled)
+                };
+                match (outcome, at) {
                     // A refund brings a bucket's "full again" time forward,
                     // a debit takes it back.
                     (Outcome::Changed, Some(i)) => {
@@ -398,7 +404,7 @@ impl MemoryStore {
                     .policy
                     .quotas()
                     .iter()
-                    .map(|q| algorithm::peek(q, e.get(slot_of(q)), now))
+                    .map(|q| algorithm::peek(q, e.get(slot_of(q), now), now))
                     .collect();
                 e.used = Share::most(&statuses);
             }
@@ -413,23 +419,34 @@ impl MemoryStore {
         let peek = |entry: Option<&Entry>| {
             Decision::from_statuses(
                 call.policy.quotas().iter().map(|q| {
-                    algorithm::peek(q, entry.and_then(|e| e.get(slot_of(q))), call.now_ms)
+                    algorithm::peek(
+                        q,
+                        entry.and_then(|e| e.get(slot_of(q), call.now_ms)),
+                        call.now_ms,
+                    )
                 }),
                 0,
             )
         };
         self.inner
             .rates
-            .read(&key, call.now_ms, |e| peek(Some(e)))
+            .read(&key, call.now_ms, |e| {
+                e.status_of(call.policy, peek(Some(e)), call.now_ms)
+            })
             .unwrap_or_else(|| peek(None))
     }
 }
 
 /// Counts the live keys evicted to make room for a key of `namespace`.
+#[inline]
 fn count_evictions(namespace: &super::Namespace, made: bounded::Made) {
     if made.evicted > 0 {
+        count(namespace, made.evicted);
+    }
+    #[cold]
+    fn count(namespace: &super::Namespace, evicted: usize) {
         metrics::counter!("ratelimit_memory_evictions_total", "limiter" => namespace.name().to_owned())
-            .increment(made.evicted as u64);
+            .increment(evicted as u64);
     }
 }
 
@@ -502,11 +519,7 @@ impl Slots {
 
 impl Store for MemoryStore {
     fn charge(&self, call: &Charge<'_>) -> StoreFuture<Result<Decision, StoreError>> {
-        let mut answer = StoreFuture::ready(Ok(Decision::empty()));
-        if let Some(Ok(decision)) = answer.ready_mut() {
-            self.charge_into(call, decision);
-        }
-        answer
+        StoreFuture::ready(Ok(self.charge_now(call)))
     }
 
     fn settle(&self, call: &Settle<'_>) -> StoreFuture<Result<(), StoreError>> {
@@ -545,6 +558,12 @@ impl Store for MemoryStore {
 
     fn is_local(&self) -> bool {
         true
+    }
+
+    /// Every policy: it books turns for a policy that waits and keeps
+    /// penalty boxes.
+    fn check_policy(&self, _policy: &crate::Policy) -> Result<(), crate::error::ConfigError> {
+        Ok(())
     }
 }
 

@@ -265,7 +265,7 @@ async fn shadow_mode_computes_drops_but_admits_everything() {
 
 /// Runs the simulation with `args`; returns what it printed.
 fn simulate(args: &[&str]) -> String {
-    let run = std::process::Command::new(example::example_path("simulate"))
+    let run = std::process::Command::new(example::tool_path("simulate"))
         .args(args)
         .output()
         .unwrap();

@@ -1,6 +1,6 @@
 //! Coordinated mode under changing load: a 15-fold surge, low rates with a
 //! short interval, and the Redis load as instances and request rates grow.
-//! Simulated fleets (`examples/common/fleet.rs`) on a `ManualClock`,
+//! Simulated fleets (`tests/support/fleet.rs`) on a `ManualClock`,
 //! against a real `redis-server`.
 
 use crate::fleet;

@@ -1,14 +1,14 @@
 //! Limits across a fleet: coordinated mode, the fleet load shedder, runtime
-//! and shared limits, the advisor, and the built examples (the demo server,
+//! and shared limits, the advisor, waiting and the penalty box, and the built examples (the demo server,
 //! the LLM gateway) run as black boxes; the `limiter` label on the series
 //! the extras count off the request path.
 
 #[path = "../support/mod.rs"]
 mod support;
 
-// The simulated fleet `examples/simulate.rs` runs too.
+// The simulated fleet `tools/src/bin/simulate.rs` runs too.
 #[cfg(feature = "redis")]
-#[path = "../../examples/common/fleet.rs"]
+#[path = "../support/fleet.rs"]
 mod fleet;
 
 mod advisor;
@@ -28,5 +28,7 @@ mod fleet_shed;
 mod llm_gateway;
 #[cfg(feature = "redis")]
 mod metric_labels;
+#[cfg(feature = "redis")]
+mod refusals;
 #[cfg(feature = "redis")]
 mod runtime_limits;

@@ -490,3 +490,305 @@ fn a_zero_cost_refund_never_deletes_a_sliding_log_entry() {
         "redis: the zero-cost refund deleted the 6-unit entry"
     );
 }
+
+/// Waiting for a turn and the penalty box: exact across instances, and the
+/// same in memory and in Redis.
+#[cfg(all(feature = "wait", feature = "penalty"))]
+mod refusal {
+    use super::*;
+    use tower_ratelimit::decision::RejectReason;
+    use tower_ratelimit::rate::{Penalty, Wait};
+
+    /// One request: `gap` ms after the previous one, sent through instance
+    /// `instance`, allowed to wait `wait` ms (a share of the policy's most,
+    /// in thousandths: the layer sends less when its waiting cap is full or
+    /// a deadline is near), and cancelled `cancel` steps later (0: at once)
+    /// by a client that went away, at the charge's own time as the layer
+    /// does, or at the time of cancelling.
+    #[derive(Clone, Debug)]
+    struct Step {
+        gap: u64,
+        instance: usize,
+        cost: u64,
+        wait: u64,
+        cancel: Option<(usize, bool)>,
+    }
+
+    #[derive(Clone, Debug)]
+    struct Case {
+        quotas: Vec<(u64, u64, u64)>,
+        max_wait: u64,
+        penalty: Option<(u64, u64, u64, bool)>,
+        steps: Vec<Step>,
+    }
+
+    impl Case {
+        fn quotas(&self) -> Vec<Quota> {
+            self.quotas
+                .iter()
+                .map(|&(limit, window, burst)| {
+                    Quota::new(limit, Duration::from_millis(window))
+                        .unwrap()
+                        .with_algorithm(Algorithm::Gcra)
+                        .unwrap()
+                        .burst(burst)
+                        .unwrap()
+                })
+                .collect()
+        }
+
+        fn policy(&self) -> Policy {
+            let q = self.quotas();
+            let mut p = Policy::new(q[0].clone());
+            for q in &q[1..] {
+                p = p.and(q.clone()).unwrap();
+            }
+            p = p
+                .wait(Wait::up_to(Duration::from_millis(self.max_wait)))
+                .unwrap();
+            match self.penalty {
+                None => p,
+                Some(box_) => p.penalty(penalty(box_)).unwrap(),
+            }
+        }
+    }
+
+    /// A penalty box: blocked `block` ms after `after` refusals within
+    /// `within` ms, extended by blocked requests or not.
+    fn penalty((after, within, block, extend): (u64, u64, u64, bool)) -> Penalty {
+        Penalty::after(after)
+            .within(Duration::from_millis(within))
+            .block_for(Duration::from_millis(block))
+            .extended_by_blocked(extend)
+    }
+
+    /// A Redis server of its own, a store on it, a memory store, and a
+    /// runtime to drive both.
+    fn both_stores() -> (
+        redis_support::RedisServer,
+        RedisStore,
+        MemoryStore,
+        tokio::runtime::Runtime,
+    ) {
+        redis_support::require_redis();
+        let server = redis_support::RedisServer::start();
+        let redis = RedisStore::new(server.url()).unwrap();
+        (server, redis, MemoryStore::new(), current_thread_runtime())
+    }
+
+    fn case(penalties: bool) -> impl Strategy<Value = Case> {
+        // Turns at least 1 ms apart (limit <= window ms); a second quota of
+        // another window, so the two never share state.
+        let first = (
+            1..=12u64,
+            prop::sample::select(&[100u64, 300, 1_000][..]),
+            1..=4u64,
+        );
+        let second = prop::option::of((
+            1..=8u64,
+            prop::sample::select(&[2_000u64, 5_000][..]),
+            1..=4u64,
+        ));
+        let penalty = if penalties {
+            prop::option::of((1..=4u64, 1..=3_000u64, 1..=3_000u64, any::<bool>())).boxed()
+        } else {
+            Just(None).boxed()
+        };
+        (first, second, 1..=2_000u64, penalty).prop_flat_map(
+            |(first, second, max_wait, penalty)| {
+                let window = first.1;
+                let step = (
+                    prop_oneof![4 => 0..=window / 4, 1 => 0..=2 * window],
+                    0..2usize,
+                    prop_oneof![1 => Just(1u64), 1 => 0..=2u64],
+                    prop_oneof![2 => Just(1_000u64), 1 => Just(0u64), 2 => 0..=1_000u64],
+                    prop::option::weighted(0.3, (0..6usize, any::<bool>())),
+                )
+                    .prop_map(move |(gap, instance, cost, share, cancel)| Step {
+                        gap,
+                        instance,
+                        cost,
+                        wait: max_wait * share / 1_000,
+                        cancel,
+                    });
+                prop::collection::vec(step, 1..120).prop_map(move |steps| Case {
+                    quotas: std::iter::once(first).chain(second).collect(),
+                    max_wait,
+                    penalty,
+                    steps,
+                })
+            },
+        )
+    }
+
+    /// What a store answered for one step.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Answer {
+        t: u64,
+        allowed: bool,
+        wait: u64,
+        blocked: Option<u64>,
+        reason: Option<RejectReason>,
+        cancelled: bool,
+        statuses: Vec<QuotaStatus>,
+    }
+
+    /// Runs the case's steps from `start` on a fresh key, each through the
+    /// instance it names (`instances`: stores sharing one state).
+    async fn run(instances: &[&dyn Store], c: &Case, start: u64) -> Vec<Answer> {
+        let policy = c.policy();
+        let ns = Namespace::new("properties-refusal");
+        let key = Key::new(NEXT_KEY.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+        let charge = |t: u64, cost: u64| {
+            Charge::new(&ns, &key, &policy, t)
+                .with_cost(cost)
+                .with_timeout(Duration::from_secs(5))
+        };
+        let mut t = start;
+        let mut out: Vec<Answer> = vec![];
+        let mut decisions: Vec<Decision> = vec![];
+        // (due at step, index of the charge, at the charge's time)
+        let mut due: Vec<(usize, usize, bool)> = vec![];
+        for j in 0..=c.steps.len() {
+            for &(_, i, own_time) in due.iter().filter(|d| d.0 <= j) {
+                let s = &c.steps[i];
+                let mut settle =
+                    Settle::free(charge(out[i].t - out[i].wait, s.cost), &decisions[i]);
+                if !own_time {
+                    settle.now_ms = t;
+                }
+                instances[s.instance].settle(&settle).await.unwrap();
+            }
+            due.retain(|d| d.0 > j);
+            let Some(s) = c.steps.get(j) else { break };
+            t += s.gap;
+            let d = instances[s.instance]
+                .charge(&charge(t, s.cost).with_wait(s.wait))
+                .await
+                .unwrap();
+            assert!(d.wait_ms() <= s.wait, "waits at most what it may: {d:?}");
+            let cancelled = s.cancel.is_some() && d.is_allowed();
+            if let (Some((after, own_time)), true) = (s.cancel, cancelled) {
+                due.push((j + after, j, own_time));
+            }
+            out.push(Answer {
+                t: t + d.wait_ms(),
+                allowed: d.is_allowed(),
+                wait: d.wait_ms(),
+                blocked: d.blocked_until_ms(),
+                reason: d.reject_reason(),
+                cancelled,
+                statuses: d.statuses().to_vec(),
+            });
+            decisions.push(d);
+        }
+        out
+    }
+
+    /// Every quota holds its definition over the requests as they really
+    /// go, each at its turn (`check_strict` on the admission times), and a
+    /// block refuses, with every quota's retry-after at least the time
+    /// left. Two refusals are left out of `check_strict`'s rule that a
+    /// refusal has less remaining than its cost (neither admits anything,
+    /// so the counting is the same): a blocked key's, which is refused
+    /// whatever its quotas hold, and a free request's refused behind
+    /// turns booked past the wait it may have, which has nothing left.
+    fn check(c: &Case, answers: &[Answer]) -> Result<(), TestCaseError> {
+        let mut gone: Vec<Outcome> = vec![];
+        for (a, s) in answers.iter().zip(&c.steps) {
+            if a.blocked.is_some() {
+                prop_assert!(!a.allowed, "a block refuses: {a:?}");
+            }
+            if a.reason == Some(RejectReason::Blocked) {
+                let left = a.blocked.unwrap() - a.t;
+                for st in &a.statuses {
+                    prop_assert!(!st.allowed && st.retry_after_ms == left, "{a:?}");
+                }
+                continue;
+            }
+            if !a.allowed && s.cost == 0 {
+                for st in a.statuses.iter().filter(|st| !st.allowed) {
+                    prop_assert!(st.remaining == 0 && st.retry_after_ms > 0, "{a:?}");
+                }
+                continue;
+            }
+            gone.push(Outcome {
+                t: a.t,
+                cost: s.cost,
+                allowed: a.allowed,
+                refunded: a.cancelled,
+                statuses: a.statuses.clone(),
+            });
+        }
+        gone.sort_by_key(|o| o.t);
+        for (qi, q) in c.quotas().iter().enumerate() {
+            check_strict(q, qi, &gone)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn waiting_never_lets_two_instances_admit_more_than_gcra_allows_in_the_memory_store() {
+        let rt = current_thread_runtime();
+        let store = MemoryStore::new();
+        memory_runner(1_000)
+            .run(&case(true), |c| {
+                let answers = rt.block_on(run(&[&store, &store.clone()], &c, 1_000_000));
+                check(&c, &answers)
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn waiting_never_lets_two_instances_admit_more_than_gcra_allows_in_redis() {
+        redis_support::require_redis();
+        let server = redis_support::RedisServer::start();
+        let a = RedisStore::new(server.url()).unwrap();
+        let b = RedisStore::new(server.url()).unwrap();
+        let rt = current_thread_runtime();
+        memory_runner(32)
+            .run(&case(true), |c| {
+                let answers = rt.block_on(run(&[&a, &b], &c, redis_start()));
+                check(&c, &answers)
+            })
+            .unwrap();
+        redis_support::assert_every_key_has_a_ttl(&server);
+    }
+
+    #[test]
+    fn memory_and_redis_book_cancel_and_block_identically() {
+        let (server, redis, memory, rt) = both_stores();
+        memory_runner(64)
+            .run(&case(true), |c| {
+                let start = redis_start();
+                let a = rt.block_on(run(&[&memory, &memory], &c, start));
+                let b = rt.block_on(run(&[&redis, &redis], &c, start));
+                prop_assert_eq!(a, b);
+                Ok(())
+            })
+            .unwrap();
+        redis_support::assert_every_key_has_a_ttl(&server);
+    }
+
+    /// The penalty box on every algorithm, without waiting: the same in
+    /// memory and in Redis.
+    #[test]
+    fn memory_and_redis_keep_penalty_boxes_identically_for_every_algorithm() {
+        let (server, redis, memory, rt) = both_stores();
+        let strategy = (
+            super::case(&Algorithm::ALL, true, false),
+            (1..=4u64, 1..=3_000u64, 1..=3_000u64, any::<bool>()),
+        );
+        memory_runner(64)
+            .run(&strategy, |(c, box_)| {
+                let policy = Policy::new(c.quota()).penalty(penalty(box_)).unwrap();
+                let start = redis_start();
+                let a = rt.block_on(super::run(&memory, &policy, start, &c.steps));
+                let b = rt.block_on(super::run(&redis, &policy, start, &c.steps));
+                prop_assert_eq!(a, b);
+                Ok(())
+            })
+            .unwrap();
+        redis_support::assert_every_key_has_a_ttl(&server);
+    }
+}

@@ -11,6 +11,22 @@ async fn memory_store_answers_the_shared_table() {
     vectors::run_tables(&MemoryStore::new(), SystemClock.now_ms()).await;
 }
 
+#[cfg(all(feature = "wait", feature = "penalty"))]
+#[tokio::test]
+async fn memory_store_books_turns_gives_them_back_and_blocks_as_the_shared_table_says() {
+    vectors::refusal::run_tables(&MemoryStore::new(), SystemClock.now_ms()).await;
+}
+
+#[cfg(all(feature = "wait", feature = "penalty"))]
+#[tokio::test]
+async fn redis_store_books_turns_gives_them_back_and_blocks_as_the_shared_table_says() {
+    redis_support::require_redis();
+    let server = redis_support::RedisServer::start();
+    let store = RedisStore::new(server.url()).unwrap();
+    vectors::refusal::run_tables(&store, SystemClock.now_ms() + 3_600_000).await;
+    redis_support::assert_every_key_has_a_ttl(&server);
+}
+
 #[tokio::test]
 async fn memory_store_rejections_spend_nothing_and_never_lengthen_the_wait() {
     vectors::rejections_change_nothing(&MemoryStore::new(), SystemClock.now_ms()).await;

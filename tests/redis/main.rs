@@ -26,6 +26,8 @@ mod redis_sharded;
 mod redis_store;
 #[cfg(feature = "tls")]
 mod redis_tls;
+#[cfg(all(feature = "redis", feature = "wait", feature = "penalty"))]
+mod refusals;
 #[cfg(feature = "redis")]
 mod seams;
 #[cfg(feature = "redis")]

@@ -1,30 +1,46 @@
-//! Runs a built example binary (`target/<profile>/examples/NAME`) as a black box.
+//! Runs a built example (`target/<profile>/examples/NAME`) or tool
+//! (`tools/src/bin/NAME.rs`, built to `target/<profile>/NAME`) as a black box.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The path of a built example. It is (re)built once per test binary, so a
 /// filtered `cargo test --test X` never runs a stale example.
 pub fn example_path(name: &str) -> PathBuf {
-    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    built(
+        &["build", "--all-features", "--example", name],
+        Path::new("examples").join(name),
+    )
+}
+
+/// The path of a built tool of the `tower-ratelimit-tools` package, (re)built
+/// once per test binary like an example.
+pub fn tool_path(name: &str) -> PathBuf {
+    built(
+        &["build", "-p", "tower-ratelimit-tools", "--bin", name],
+        PathBuf::from(name),
+    )
+}
+
+/// Runs `cargo ARGS` once per test binary and returns `path` in the target
+/// profile directory the tests run from.
+fn built(args: &[&str], path: PathBuf) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<Vec<String>>> = std::sync::Mutex::new(Vec::new());
     // Integration tests live in target/<profile>/deps/.
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let path = profile_dir.join("examples").join(name);
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if !built.iter().any(|b| b == name) {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--all-features", "--example", name])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building example {name} failed");
-        built.push(name.to_owned());
+    if !built.contains(&args) {
+        let status = Command::new(env!("CARGO")).args(&args).status().unwrap();
+        assert!(status.success(), "cargo {} failed", args.join(" "));
+        built.push(args);
     }
-    path
+    profile_dir.join(path)
 }
 
 /// A running example server, killed on drop if still running.

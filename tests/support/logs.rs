@@ -30,6 +30,14 @@ impl io::Write for Captured {
 
 /// Captures every event at every level on this thread until the guard drops.
 pub fn capture() -> (Captured, DefaultGuard) {
+    // With a single live dispatcher, tracing decides a callsite's interest
+    // from the default of whichever thread reaches it first: a test on
+    // another thread, with no subscriber, would cache "never" for every
+    // callsite it reaches first and this capture would miss their events.
+    // A second dispatcher, kept for the process, makes tracing ask every
+    // dispatcher instead.
+    static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()

@@ -9,6 +9,8 @@
 //! TLS servers on free loopback ports, axum servers and hyper clients over
 //! TCP, the built examples run as black boxes. What a binary shares by
 //! being one process is here too: the metrics recorder, installed once.
+//! `fleet.rs` (a simulated fleet) is not declared here: `tests/fleet` and
+//! the `simulate` tool (`tools/src/bin/simulate.rs`) include it by path.
 #![allow(dead_code)]
 
 pub mod admin;

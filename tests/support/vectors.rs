@@ -467,3 +467,306 @@ pub async fn settlements_follow_the_rules(store: &dyn Store, start_ms: u64) {
         );
     }
 }
+
+/// Tables for the policies that wait for a request's turn or keep a
+/// penalty box: bookings, cancellations in several orders, blocks.
+#[cfg(all(feature = "wait", feature = "penalty"))]
+pub mod refusal {
+    use super::quota;
+    use std::time::Duration;
+    use tower_ratelimit::decision::{Decision, RejectReason};
+    use tower_ratelimit::key::Key;
+    use tower_ratelimit::rate::{Penalty, Wait};
+    use tower_ratelimit::store::{Charge, Namespace, Settle, Store};
+    use tower_ratelimit::{Algorithm, Policy, Quota};
+
+    /// What a step does, `t` ms after the start, on the key "a".
+    pub enum Act {
+        /// Charges `cost`, booked at most `wait` ms ahead.
+        Charge { cost: u64, wait: u64 },
+        /// Gives back the charge of row `n` in full, as the layer does for
+        /// a client that went away, then reads the status.
+        Cancel(usize),
+        /// Reads the status.
+        Status,
+    }
+
+    /// What the step's decision says.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub enum Want {
+        /// Admitted now.
+        Admit,
+        /// Admitted for its turn this many ms ahead.
+        Wait(u64),
+        /// Refused, as any policy refuses.
+        Refuse,
+        /// Refused, and this refusal blocks the key until this offset.
+        Blocks(u64),
+        /// Refused because the key is blocked until this offset (a status
+        /// read says so too).
+        Blocked(u64),
+        /// A status read of a key that is not blocked.
+        Read,
+    }
+
+    /// One step and, per quota, the expected (remaining, reset offset,
+    /// retry-after ms).
+    pub struct Step {
+        pub t: u64,
+        pub act: Act,
+        pub want: Want,
+        pub quotas: &'static [(u64, u64, u64)],
+    }
+
+    const fn ch(
+        t: u64,
+        cost: u64,
+        wait: u64,
+        want: Want,
+        quotas: &'static [(u64, u64, u64)],
+    ) -> Step {
+        Step {
+            t,
+            act: Act::Charge { cost, wait },
+            want,
+            quotas,
+        }
+    }
+
+    const fn cancel(t: u64, row: usize, quotas: &'static [(u64, u64, u64)]) -> Step {
+        Step {
+            t,
+            act: Act::Cancel(row),
+            want: Want::Read,
+            quotas,
+        }
+    }
+
+    const fn status(t: u64, want: Want, quotas: &'static [(u64, u64, u64)]) -> Step {
+        Step {
+            t,
+            act: Act::Status,
+            want,
+            quotas,
+        }
+    }
+
+    /// A named table: the policy and its steps.
+    pub struct Table {
+        pub name: &'static str,
+        pub policy: fn() -> Policy,
+        pub steps: &'static [Step],
+    }
+
+    fn gcra(limit: u64, window_ms: u64, burst: u64) -> Quota {
+        quota(limit, window_ms, Algorithm::Gcra)
+            .burst(burst)
+            .unwrap()
+    }
+
+    fn waits(policy: Policy, ms: u64) -> Policy {
+        policy.wait(Wait::up_to(Duration::from_millis(ms))).unwrap()
+    }
+
+    use Want::*;
+
+    pub const TABLES: &[Table] = &[
+        Table {
+            name: "gcra 5/s burst 2, waiting up to 1 s",
+            policy: || waits(Policy::new(gcra(5, 1_000, 2)), 1_000),
+            // A turn every 200 ms once the burst is spent.
+            steps: &[
+                ch(0, 1, 1_000, Admit, &[(1, 200, 0)]),
+                ch(0, 1, 1_000, Admit, &[(0, 400, 0)]),
+                ch(0, 1, 1_000, Wait(200), &[(0, 600, 0)]),
+                ch(0, 1, 1_000, Wait(400), &[(0, 800, 0)]),
+                // Its turn (600 ms) is past what this charge may wait.
+                ch(0, 1, 300, Refuse, &[(0, 800, 600)]),
+                ch(0, 1, 0, Refuse, &[(0, 800, 600)]),
+                // The first booking goes (a hole), then the last: both
+                // come back, as if they had never been booked.
+                cancel(0, 2, &[(0, 800, 0)]),
+                cancel(0, 3, &[(0, 400, 0)]),
+                ch(100, 1, 1_000, Wait(100), &[(0, 600, 0)]),
+                ch(100, 1, 1_000, Wait(300), &[(0, 800, 0)]),
+                ch(100, 1, 1_000, Wait(500), &[(0, 1_000, 0)]),
+                // First in, last in, then the middle one.
+                cancel(150, 8, &[(0, 1_000, 0)]),
+                cancel(150, 10, &[(0, 800, 0)]),
+                cancel(150, 9, &[(0, 400, 0)]),
+                ch(150, 1, 1_000, Wait(50), &[(0, 600, 0)]),
+                ch(700, 1, 0, Admit, &[(1, 900, 0)]),
+                status(700, Read, &[(1, 900, 0)]),
+            ],
+        },
+        Table {
+            name: "gcra 3/s burst 1, waiting up to 1 s (turns rounded up to whole ms)",
+            policy: || waits(Policy::new(gcra(3, 1_000, 1)), 1_000),
+            steps: &[
+                ch(0, 1, 1_000, Admit, &[(0, 334, 0)]),
+                // 333⅓ ms a turn: each booked from the next whole ms.
+                ch(0, 1, 1_000, Wait(334), &[(0, 668, 0)]),
+                ch(0, 1, 1_000, Wait(668), &[(0, 1_002, 0)]),
+                cancel(0, 1, &[(0, 1_002, 0)]),
+                cancel(0, 2, &[(0, 334, 0)]),
+                ch(0, 1, 1_000, Wait(334), &[(0, 668, 0)]),
+            ],
+        },
+        Table {
+            name: "gcra 10/s burst 1 and gcra 4/2s burst 2, waiting up to 2 s",
+            policy: || {
+                waits(
+                    Policy::new(gcra(10, 1_000, 1))
+                        .and(gcra(4, 2_000, 2))
+                        .unwrap(),
+                    2_000,
+                )
+            },
+            // Both quotas are booked for the later of their turns.
+            steps: &[
+                ch(0, 1, 2_000, Admit, &[(0, 100, 0), (1, 500, 0)]),
+                ch(0, 1, 2_000, Wait(100), &[(0, 200, 0), (0, 1_000, 0)]),
+                ch(0, 1, 2_000, Wait(500), &[(0, 600, 0), (0, 1_500, 0)]),
+                ch(0, 1, 2_000, Wait(1_000), &[(0, 1_100, 0), (0, 2_000, 0)]),
+                ch(0, 1, 800, Refuse, &[(0, 1_100, 1_100), (0, 2_000, 1_500)]),
+                cancel(10, 1, &[(0, 1_100, 0), (0, 2_000, 0)]),
+                cancel(10, 3, &[(0, 600, 0), (0, 1_500, 0)]),
+                cancel(10, 2, &[(0, 100, 0), (1, 500, 0)]),
+                ch(10, 1, 2_000, Wait(90), &[(0, 200, 0), (0, 1_000, 0)]),
+            ],
+        },
+        Table {
+            name: "fixed window 2/s, blocked 5 s after 3 refusals",
+            policy: || {
+                Policy::new(Quota::new(2, Duration::from_secs(1)).unwrap())
+                    .penalty(Penalty::after(3).block_for(Duration::from_secs(5)))
+                    .unwrap()
+            },
+            steps: &[
+                ch(0, 1, 0, Admit, &[(1, 1_000, 0)]),
+                ch(0, 1, 0, Admit, &[(0, 1_000, 0)]),
+                ch(10, 1, 0, Refuse, &[(0, 1_000, 990)]),
+                ch(20, 1, 0, Refuse, &[(0, 1_000, 980)]),
+                ch(30, 1, 0, Blocks(5_030), &[(0, 1_000, 5_000)]),
+                ch(40, 1, 0, Blocked(5_030), &[(0, 1_000, 4_990)]),
+                // A new window has room, but the key stays blocked, and a
+                // blocked request charges nothing.
+                status(1_500, Blocked(5_030), &[(2, 2_500, 3_530)]),
+                ch(1_500, 1, 0, Blocked(5_030), &[(2, 2_500, 3_530)]),
+                status(1_500, Blocked(5_030), &[(2, 2_500, 3_530)]),
+                ch(5_030, 1, 0, Admit, &[(1, 6_030, 0)]),
+                // A count starts, and starts again once its second has passed.
+                ch(5_031, 2, 0, Refuse, &[(1, 6_030, 999)]),
+                ch(6_100, 3, 0, Refuse, &[(2, 7_100, 0)]),
+                ch(6_200, 3, 0, Refuse, &[(2, 7_200, 0)]),
+                ch(6_300, 3, 0, Blocks(11_300), &[(2, 7_300, 5_000)]),
+                ch(11_300, 1, 0, Admit, &[(1, 12_300, 0)]),
+            ],
+        },
+        Table {
+            name:
+                "gcra 2/s burst 2, blocked 1 s after 2 refusals in 2 s, blocked requests extend it",
+            policy: || {
+                Policy::new(gcra(2, 1_000, 2))
+                    .penalty(
+                        Penalty::after(2)
+                            .within(Duration::from_secs(2))
+                            .block_for(Duration::from_secs(1))
+                            .extended_by_blocked(true),
+                    )
+                    .unwrap()
+            },
+            steps: &[
+                ch(0, 1, 0, Admit, &[(1, 500, 0)]),
+                ch(0, 1, 0, Admit, &[(0, 1_000, 0)]),
+                ch(0, 1, 0, Refuse, &[(0, 1_000, 500)]),
+                ch(100, 1, 0, Blocks(1_100), &[(0, 1_000, 1_000)]),
+                ch(600, 1, 0, Blocked(1_600), &[(1, 1_000, 1_000)]),
+                // A status read extends nothing.
+                status(1_500, Blocked(1_600), &[(2, 1_500, 100)]),
+                ch(1_500, 1, 0, Blocked(2_500), &[(2, 1_500, 1_000)]),
+                ch(2_500, 1, 0, Admit, &[(1, 3_000, 0)]),
+                status(2_500, Read, &[(1, 3_000, 0)]),
+            ],
+        },
+        Table {
+            name: "gcra 5/s burst 1, waiting up to 500 ms, blocked 3 s after 2 refusals",
+            policy: || {
+                waits(Policy::new(gcra(5, 1_000, 1)), 500)
+                    .penalty(
+                        Penalty::after(2)
+                            .within(Duration::from_secs(10))
+                            .block_for(Duration::from_secs(3)),
+                    )
+                    .unwrap()
+            },
+            // A booking is no refusal; a refusal past the wait is.
+            steps: &[
+                ch(0, 1, 500, Admit, &[(0, 200, 0)]),
+                ch(0, 1, 500, Wait(200), &[(0, 400, 0)]),
+                ch(0, 1, 500, Wait(400), &[(0, 600, 0)]),
+                ch(0, 1, 500, Refuse, &[(0, 600, 600)]),
+                ch(0, 1, 500, Blocks(3_000), &[(0, 600, 3_000)]),
+                ch(100, 1, 500, Blocked(3_000), &[(0, 600, 2_900)]),
+                ch(3_000, 1, 500, Admit, &[(0, 3_200, 0)]),
+            ],
+        },
+    ];
+
+    /// Runs every table through `store`, starting at `start_ms`; panics on
+    /// the first difference.
+    pub async fn run_tables(store: &dyn Store, start_ms: u64) {
+        let start_ms = (start_ms / 60_000 + 1) * 60_000;
+        let key = Key::new("a");
+        for (ti, table) in TABLES.iter().enumerate() {
+            let ns = Namespace::new(&format!("refusal{ti}"));
+            let policy = (table.policy)();
+            let at = |t: u64, cost: u64| {
+                Charge::new(&ns, &key, &policy, start_ms + t)
+                    .with_cost(cost)
+                    .with_timeout(Duration::from_secs(2))
+            };
+            let mut charged: Vec<Option<(u64, u64, Decision)>> = vec![];
+            for (i, s) in table.steps.iter().enumerate() {
+                let here = format!("table {:?} step {i} (t={})", table.name, s.t);
+                let d = match s.act {
+                    Act::Charge { cost, wait } => {
+                        let d = store.charge(&at(s.t, cost).with_wait(wait)).await.unwrap();
+                        charged.push(Some((s.t, cost, d.clone())));
+                        d
+                    }
+                    Act::Cancel(n) => {
+                        let (t, cost, d) = charged[n].clone().expect("a charge to cancel");
+                        let mut settle = Settle::free(at(t, cost), &d);
+                        settle.now_ms = start_ms + s.t;
+                        store.settle(&settle).await.unwrap();
+                        charged.push(None);
+                        store.status(&at(s.t, 0)).await.unwrap()
+                    }
+                    Act::Status => {
+                        charged.push(None);
+                        store.status(&at(s.t, 0)).await.unwrap()
+                    }
+                };
+                let offset = |ms: u64| ms - start_ms;
+                let got = match (d.is_allowed(), d.wait_ms(), d.blocked_until_ms()) {
+                    (true, 0, None) if matches!(s.act, Act::Charge { .. }) => Admit,
+                    (true, 0, None) => Read,
+                    (true, w, None) => Wait(w),
+                    (false, _, None) => Refuse,
+                    (false, _, Some(u)) if d.reject_reason() == Some(RejectReason::Blocked) => {
+                        Blocked(offset(u))
+                    }
+                    (false, _, Some(u)) => Blocks(offset(u)),
+                    other => panic!("{here}: an impossible decision {other:?}: {d:?}"),
+                };
+                assert_eq!(got, s.want, "{here}: {d:?}");
+                assert_eq!(d.statuses().len(), s.quotas.len(), "{here}");
+                for (q, (st, want)) in d.statuses().iter().zip(s.quotas).enumerate() {
+                    let got = (st.remaining, offset(st.reset_ms), st.retry_after_ms);
+                    assert_eq!(got, *want, "{here}, quota {q}: {d:?}");
+                }
+            }
+        }
+    }
+}

@@ -27,6 +27,8 @@ pub(crate) struct Job {
     pub(crate) cost: u64,
     /// What it reserves in each quota of another unit.
     pub(crate) units: u64,
+    /// How far ahead it may be booked (a policy that waits; 0: not at all).
+    pub(crate) wait_ms: u64,
     /// How long the request may wait for its answer at the store, from
     /// when it is queued on a lane (see [`super::lane`]).
     pub(crate) timeout: Duration,
@@ -36,9 +38,11 @@ pub(crate) struct Job {
 pub(crate) type JobReply = Result<Decision, StoreError>;
 
 /// A batch's script call, planned: each distinct policy once, then per
-/// request its policy's index, time, cost and reservation; keys in request order. A
+/// request its policy's index, time, cost and reservation (for a policy
+/// that waits, whose quotas all count requests and reserve nothing: how far
+/// ahead it may be booked); keys in request order. A
 /// request for the same key and policy as the one before it (without a
-/// sliding log) continues its run: policy index 0 and no keys, and the
+/// sliding log, and a plain policy) continues its run: policy index 0 and no keys, and the
 /// script reads and writes the key once for the run (lua/charge.lua).
 struct Plan<'j> {
     policies: SmallVec<[&'j Policy; 4]>,
@@ -47,7 +51,8 @@ struct Plan<'j> {
     keys: usize,
     /// The keys' bytes, plus per key a little for a sliding log's `:` and field prefix.
     key_bytes: usize,
-    /// The algorithms the batch uses (see [`scripts::bit`]).
+    /// The algorithms the batch uses (see [`scripts::bit`]), and whether a
+    /// policy waits or keeps a penalty box ([`scripts::REFUSING`]).
     algorithms: usize,
     /// Every argument, the command's name included.
     args: usize,
@@ -68,8 +73,9 @@ impl<'j> Plan<'j> {
                 }
             };
             let n = reply::key_count(&job.policy);
-            let continues =
-                n == 1 && previous.is_some_and(|(p, pi)| pi == i && p.hash_key == job.hash_key);
+            let continues = n == 1
+                && job.policy.is_plain()
+                && previous.is_some_and(|(p, pi)| pi == i && p.hash_key == job.hash_key);
             previous = Some((job, i));
             if continues {
                 index.push(0);
@@ -79,11 +85,17 @@ impl<'j> Plan<'j> {
             keys += n;
             key_bytes += (job.hash_key.len() + 24) * n;
         }
-        let algorithms = policies
+        let mut algorithms = policies
             .iter()
             .flat_map(|p| p.quotas())
             .fold(0, |set, q| set | scripts::bit(q.algorithm()));
-        let quota_args: usize = policies.iter().map(|p| 1 + 6 * p.quotas().len()).sum();
+        if policies.iter().any(|p| !p.is_plain()) {
+            algorithms |= scripts::REFUSING;
+        }
+        let quota_args: usize = policies
+            .iter()
+            .map(|p| 1 + 6 * p.quotas().len() + if p.is_plain() { 0 } else { 6 })
+            .sum();
         Plan {
             // EVALSHA, the hash, the key count, P and J, then the rest.
             args: 5 + keys + quota_args + 4 * jobs.len(),
@@ -115,16 +127,22 @@ impl<'j> Plan<'j> {
         }
         out.arg(self.policies.len());
         for p in &self.policies {
-            out.arg(p.quotas().len());
+            reply::count_arg(out, p);
             for q in p.quotas() {
                 reply::quota_args(out, q);
             }
+            reply::refusal_args(out, p);
         }
         out.arg(jobs.len());
         for (job, i) in jobs.iter().zip(&self.index) {
             out.arg(*i);
             reply::time_arg(out, job.now);
-            out.arg(job.cost).arg(job.units);
+            let fourth = if job.policy.waits().is_some() {
+                job.wait_ms
+            } else {
+                job.units
+            };
+            out.arg(job.cost).arg(fourth);
         }
     }
 }
@@ -171,12 +189,12 @@ pub(crate) fn answers(reply: &[Value], jobs: &[Job]) -> Result<Vec<JobReply>, St
                     .checked_add(k)
                     .ok_or_else(|| bad("a length past the end"))?;
                 let block = nums.get(at + 1..end).ok_or_else(|| bad("cut short"))?;
-                out.push(reply::decode(
-                    &job.policy,
-                    Some((job.cost, job.units)),
-                    job.now,
-                    block,
-                ));
+                let asked = reply::Asked {
+                    cost: job.cost,
+                    units: job.units,
+                    wait_ms: job.wait_ms,
+                };
+                out.push(reply::decode(&job.policy, Some(asked), job.now, block));
                 at = end;
             }
             None => return Err(bad("fewer answers than requests")),
@@ -213,6 +231,7 @@ mod tests {
             now: Some(1_000),
             cost: 1,
             units: 1,
+            wait_ms: 0,
             timeout: Duration::from_secs(1),
         }
     }

@@ -25,6 +25,7 @@ pub fn charge_reply(
             now: *now,
             cost: *cost,
             units: *cost,
+            wait_ms: 0,
             timeout: Duration::from_secs(1),
         })
         .collect();

@@ -36,8 +36,10 @@ type Tag = [u8; 35];
 
 /// Appends the [`Tag`] of `key` in `namespace` to `s`. Each thread keeps the
 /// last one it made: a global limit or a busy client (the same key request
-/// after request) pays for SHA-256 once, not on every request. The kept tag
-/// is read in place, not copied out first.
+/// after request) pays for SHA-256 once, not on every request. Without it
+/// a hot key's charge through the Redis store exceeds its instruction
+/// budget (`redis-bare` in `benches/instructions.budget`). The kept tag is
+/// read in place, not copied out first.
 fn push_tag(s: &mut HashKey, namespace: &Namespace, key: &Key) {
     use std::cell::RefCell;
     thread_local! {

@@ -3,7 +3,8 @@
 //! pure math the memory store runs, so both stores report identical statuses.
 
 use crate::algorithm::{
-    self, fixed_window, gcra, sliding_log, sliding_window, token_bucket, Ask, State,
+    self, fixed_window, gcra, penalty, refusal, sliding_log, sliding_window, token_bucket, Ask,
+    State,
 };
 use crate::decision::{Decision, QuotaStatus};
 use crate::error::StoreError;
@@ -33,6 +34,41 @@ pub(super) fn quota_args(cmd: &mut Cmd, q: &Quota) {
         .arg(b)
         .arg(c)
         .arg(mode);
+}
+
+/// The argument opening a policy (lua/policy.lua): its number of quotas,
+/// negative when its refusal settings follow its quotas ([`refusal_args`]).
+pub(super) fn count_arg(cmd: &mut Cmd, policy: &Policy) {
+    let n = policy.quotas().len() as i64;
+    cmd.arg(if policy.is_plain() { n } else { -n });
+}
+
+/// The refusal settings closing a policy that waits or keeps a penalty
+/// box (none for a plain one): whether it waits, its penalty box's field
+/// prefix ("" for none), the refusals that block, the span they are
+/// counted over, the block (ms) and whether a blocked request starts the
+/// block again.
+pub(super) fn refusal_args(cmd: &mut Cmd, policy: &Policy) {
+    if policy.is_plain() {
+        return;
+    }
+    cmd.arg(u8::from(policy.waits().is_some()));
+    match penalty::Rule::of(policy) {
+        Some(rule) => cmd
+            .arg(penalty_prefix(policy))
+            .arg(rule.after)
+            .arg(rule.within_ms)
+            .arg(rule.block_ms)
+            .arg(u8::from(rule.extend)),
+        None => cmd.arg("").arg(0).arg(0).arg(0).arg(0),
+    };
+}
+
+/// The hash field prefix of `policy`'s penalty box: one per policy of a
+/// key, by the policy's fingerprint (a block answers only for the policy
+/// that refused).
+fn penalty_prefix(policy: &Policy) -> String {
+    format!("p{:016x}", policy.fingerprint())
 }
 
 /// How many keys a call for `policy` touches: the hash, then one log per sliding-log quota.
@@ -171,12 +207,22 @@ pub(super) fn shown(reply: &impl std::fmt::Debug) -> String {
     s
 }
 
+/// What a charge asked: its cost, its reservation, and how far ahead it may
+/// be booked.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Asked {
+    pub(super) cost: u64,
+    pub(super) units: u64,
+    pub(super) wait_ms: u64,
+}
+
 /// Builds the decision from a charge script's reply `{allowed, now,
-/// block_1, .., block_n}` for a request of `(cost, units)`, or a status
-/// script's (`None`).
+/// block_1, .., block_n}` (and, for a policy that waits or keeps a penalty
+/// box, its turn and box: see lua/refusal.lua) for a request that `asked`,
+/// or a status script's (`None`).
 pub(super) fn decode(
     policy: &Policy,
-    asked: Option<(u64, u64)>,
+    asked: Option<Asked>,
     sent_now: Option<u64>,
     r: &[i64],
 ) -> Result<Decision, StoreError> {
@@ -186,13 +232,16 @@ pub(super) fn decode(
         return Err(bad());
     }
     let now = u64::try_from(r[1]).map_err(|_| bad())?;
-    let ask = |q: &Quota| asked.map(|(cost, units)| algorithm::ask(q, cost, units));
+    let ask = |q: &Quota| asked.map(|a| algorithm::ask(q, a.cost, a.units));
     if sent_now.is_some_and(|t| t != now) {
         // Every reply echoes the time it was sent with: a reply to another call
         // (a desynchronised connection) is caught, never used.
         return Err(StoreError::Protocol(format!(
             "reply for time {now} does not belong to a call sent at {sent_now:?}"
         )));
+    }
+    if !policy.is_plain() {
+        return decode_refusing(policy, asked, now, r).ok_or_else(bad)?;
     }
     let mut decision = Decision::empty();
     let mut i = 2;
@@ -214,4 +263,97 @@ pub(super) fn decode(
         )));
     }
     Ok(decision)
+}
+
+/// [`decode`] for a policy that waits or keeps a penalty box: replays
+/// `algorithm::refusal` on the state the script read. `None` when the reply
+/// does not read as one for this policy.
+fn decode_refusing(
+    policy: &Policy,
+    asked: Option<Asked>,
+    now: u64,
+    r: &[i64],
+) -> Option<Result<Decision, StoreError>> {
+    let quotas = policy.quotas();
+    let mut reads: SmallVec<[Read; 2]> = SmallVec::new();
+    let mut i = 2;
+    for q in quotas {
+        let (read, len) = read_block(q, r.get(i..)?)?;
+        reads.push(read);
+        i += len;
+    }
+    let mut next = || {
+        let v = u64::try_from(*r.get(i)?).ok();
+        i += 1;
+        v
+    };
+    let turn = match (asked, policy.waits()) {
+        (Some(_), Some(_)) => Some(next()?),
+        _ => None,
+    };
+    let penalty = match penalty::Rule::of(policy) {
+        Some(rule) => {
+            let state = penalty::State {
+                refusals: next()?,
+                since_ms: next()?,
+                until_ms: next()?,
+            };
+            Some((rule, state))
+        }
+        None => None,
+    };
+    if i != r.len() {
+        return None;
+    }
+    let peeks = |reads: SmallVec<[Read; 2]>| {
+        quotas
+            .iter()
+            .zip(reads)
+            .map(|(q, read)| replay(q, read, now, None))
+            .collect::<SmallVec<[QuotaStatus; 2]>>()
+    };
+    let Some(asked) = asked else {
+        let read = Decision::from_statuses(peeks(reads), 0);
+        return Some(Ok(match penalty.and_then(|(_, s)| s.blocked_until(now)) {
+            Some(until) => Decision::blocked(read.statuses().iter().copied(), now, until),
+            None => read,
+        }));
+    };
+    let decision = match penalty.and_then(|(rule, s)| s.blocked(&rule, now)) {
+        Some((until, _)) => Decision::blocked(peeks(reads), now, until),
+        None => {
+            let gcra: SmallVec<[Option<gcra::State>; 2]> = reads
+                .iter()
+                .map(|read| match read {
+                    Read::State(State::Gcra(s)) => Some(*s),
+                    _ => None,
+                })
+                .collect();
+            let mut decision = Decision::empty();
+            for (q, read) in quotas.iter().zip(reads) {
+                let a = algorithm::ask(q, asked.cost, asked.units);
+                decision.push(replay(q, read, now, Some(a)));
+            }
+            decision.decide_each(|i| {
+                let a = algorithm::ask(&quotas[i], asked.cost, asked.units);
+                (a.fit, a.charge)
+            });
+            refusal::after_refusal(
+                policy,
+                &mut decision,
+                || gcra,
+                penalty,
+                (now, asked.cost, asked.wait_ms),
+            );
+            decision
+        }
+    };
+    if decision.is_allowed() != (r[0] == 1) || turn.is_some_and(|t| t != decision.wait_ms()) {
+        return Some(Err(StoreError::Protocol(format!(
+            "charge script decided {} (turn {turn:?}) but the state it returned says otherwise: {}",
+            r[0],
+            shown(&r)
+        ))));
+    }
+    Some(Ok(decision))
 }

@@ -6,16 +6,19 @@
 //! a policy mixing algorithms is still charged in one call. The charge script
 //! carries only the algorithms its batch uses ([`charge`]): Redis runs a
 //! script's whole top level (every function definition) on each call, so a
-//! fixed-window batch does not pay for the other four algorithms.
+//! fixed-window batch does not pay for the other four algorithms, nor a
+//! batch of plain policies for waiting and the penalty box
+//! (`lua/refusal.lua`).
 
 use crate::Algorithm;
 use redis::Script;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 const RATE: &str = include_str!("../../../lua/rate.lua");
 const POLICY: &str = include_str!("../../../lua/policy.lua");
 const CHARGE_OWN: &str = include_str!("../../../lua/charge.lua");
+const REFUSAL: &str = include_str!("../../../lua/refusal.lua");
 /// Each algorithm's file, in registration order, with the bit [`charge`] keys it by.
 const ALGORITHMS: [(Algorithm, &str); 5] = [
     (
@@ -37,6 +40,10 @@ const ALGORITHMS: [(Algorithm, &str); 5] = [
     ),
 ];
 
+/// The bit of a batch with a policy that waits or keeps a penalty box, in
+/// a set of algorithms (see [`charge`]).
+pub(crate) const REFUSING: usize = 1 << ALGORITHMS.len();
+
 /// The bit of `algorithm` in a set of algorithms (see [`charge`]).
 pub(crate) fn bit(algorithm: Algorithm) -> usize {
     1 << ALGORITHMS
@@ -45,7 +52,8 @@ pub(crate) fn bit(algorithm: Algorithm) -> usize {
         .expect("every algorithm has a file")
 }
 
-/// The charge script's source for the algorithms in the set `algorithms`.
+/// The charge script's source for the algorithms in the set `algorithms`
+/// (and `lua/refusal.lua` with [`REFUSING`]).
 pub(crate) fn charge_source(algorithms: usize) -> String {
     let mut src = String::from(PRELUDE);
     if algorithms & (bit(Algorithm::TokenBucket) | bit(Algorithm::Gcra)) != 0 {
@@ -57,19 +65,22 @@ pub(crate) fn charge_source(algorithms: usize) -> String {
         }
     }
     src.push_str(POLICY);
+    if algorithms & REFUSING != 0 {
+        src.push_str(REFUSAL);
+    }
     src.push_str(CHARGE_OWN);
     src
 }
 
 /// Charges a batch of requests (`lua/charge.lua`) whose policies use only the
-/// algorithms in the set `algorithms` (bits from [`bit`]).
+/// algorithms in the set `algorithms` (bits from [`bit`], and [`REFUSING`]
+/// when a policy waits or keeps a penalty box).
 pub(crate) fn charge(algorithms: usize) -> &'static Script {
-    static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
-        (0..1 << ALGORITHMS.len())
-            .map(|set| Script::new(&charge_source(set)))
-            .collect()
-    });
-    &SCRIPTS[algorithms & ((1 << ALGORITHMS.len()) - 1)]
+    // Each set's script is hashed when first used: hashing all of them
+    // up front held up a process's first charges.
+    static SCRIPTS: [OnceLock<Script>; REFUSING << 1] = [const { OnceLock::new() }; REFUSING << 1];
+    let set = algorithms & ((REFUSING << 1) - 1);
+    SCRIPTS[set].get_or_init(|| Script::new(&charge_source(set)))
 }
 
 macro_rules! script {
@@ -83,6 +94,7 @@ macro_rules! script {
             include_str!("../../../lua/gcra.lua"),
             include_str!("../../../lua/sliding_log.lua"),
             include_str!("../../../lua/policy.lua"),
+            include_str!("../../../lua/refusal.lua"),
             include_str!($own),
         )
     };

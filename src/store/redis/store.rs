@@ -290,7 +290,7 @@ impl RedisStore {
             .arg(reply::key_count(call.policy));
         reply::keys(&mut cmd, &self.hash_key(call), call.policy);
         reply::time_arg(&mut cmd, sent_now);
-        cmd.arg(call.policy.quotas().len());
+        reply::count_arg(&mut cmd, call.policy);
         (cmd, sent_now)
     }
 
@@ -322,6 +322,7 @@ impl RedisStore {
             now: self.sent_now(call.now_ms),
             cost: call.cost,
             units: call.units,
+            wait_ms: call.wait_ms,
             timeout: call.timeout,
         };
         self.call(|inner| async move { inner.primary.charge(job, cap).await })
@@ -356,6 +357,7 @@ impl Store for RedisStore {
                 .arg(s.reserved)
                 .arg(actual);
         }
+        reply::refusal_args(&mut cmd, c.policy);
         let budget = c.timeout;
         self.call(|inner| async move {
             let _written: i64 = invoke(&inner.primary, &scripts::SETTLE, cmd, budget).await?;
@@ -370,6 +372,7 @@ impl Store for RedisStore {
         for q in call.policy.quotas() {
             reply::quota_args(&mut cmd, q);
         }
+        reply::refusal_args(&mut cmd, call.policy);
         let policy = call.policy.clone();
         let budget = call.timeout;
         self.call(|inner| async move {
@@ -412,6 +415,12 @@ impl Store for RedisStore {
 
     fn keeps_slots(&self) -> bool {
         true
+    }
+
+    /// Every policy: its scripts book turns for a policy that waits and
+    /// keep penalty boxes, beside the quotas' state.
+    fn check_policy(&self, _policy: &crate::Policy) -> Result<(), crate::error::ConfigError> {
+        Ok(())
     }
 
     /// Each call's deadline runs from when its batch (or the call alone)

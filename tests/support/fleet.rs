@@ -3,7 +3,7 @@
 //! instances millisecond by millisecond (or paced clients, each sending
 //! to the instances in turn, as a simple load generator does), and each
 //! instance syncing at its own phase of the interval's middle half, as
-//! the mode's background task does. `examples/simulate.rs` and the
+//! the mode's background task does. `tools/src/bin/simulate.rs` and the
 //! coordinated-mode tests run it.
 #![allow(dead_code)]
 

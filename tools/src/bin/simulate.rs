@@ -4,8 +4,8 @@
 //! as instances and request rates grow.
 //!
 //! ```text
-//! cargo run --release --features cluster --example simulate
-//! cargo run --release --features cluster --example simulate -- --scale
+//! cargo run --release -p tower-ratelimit-tools --bin simulate
+//! cargo run --release -p tower-ratelimit-tools --bin simulate -- --scale
 //! ```
 //!
 //! Time is simulated (a `ManualClock` moved millisecond by millisecond), so
@@ -26,9 +26,9 @@
 //! request rates, and reports the error and Redis commands and CPU per
 //! simulated second.
 
-#[path = "common/fleet.rs"]
+#[path = "../../../tests/support/fleet.rs"]
 mod fleet;
-#[path = "../tests/support/redis.rs"]
+#[path = "../../../tests/support/redis.rs"]
 mod redis_support;
 
 use clap::Parser;

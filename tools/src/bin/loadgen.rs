@@ -6,7 +6,7 @@
 //! ```
 //!
 //! ```sh
-//! cargo run --release --example loadgen -- --url http://127.0.0.1:3000/ --rate 20000 --secs 10
+//! cargo run --release -p tower-ratelimit-tools --bin loadgen -- --url http://127.0.0.1:3000/ --rate 20000 --secs 10
 //! ```
 //!
 //! Request `i` is due at `start + i / rate`. `--connections` keep-alive

@@ -1,7 +1,7 @@
 //! The axum hello world behind each limiter `scripts/bench.sh` compares.
 //!
 //! ```sh
-//! cargo run --release --features redis --example bench_server -- --variant memory --workers 1
+//! cargo run --release -p tower-ratelimit-tools --bin bench_server -- --variant memory --workers 1
 //! ```
 //!
 //! Variants: `none` (no limiter), `none-headers` (no limiter, but the hello
@@ -192,7 +192,7 @@ async fn serve(args: Args) {
                 .expect("pool");
             let naive = Arc::new(Naive {
                 conn: Conn::Pool(pool),
-                script: Script::new(include_str!("../benches/fixed_window_standalone.lua")),
+                script: Script::new(include_str!("../../../benches/fixed_window_standalone.lua")),
                 limit: args.limit,
                 window_ms: window.as_millis() as u64,
             });
@@ -213,7 +213,7 @@ async fn serve(args: Args) {
                 .expect("redis connection");
             let naive = Arc::new(Naive {
                 conn: Conn::Shared(conn),
-                script: Script::new(include_str!("../benches/fixed_window_standalone.lua")),
+                script: Script::new(include_str!("../../../benches/fixed_window_standalone.lua")),
                 limit: args.limit,
                 window_ms: window.as_millis() as u64,
             });
