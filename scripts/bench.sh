@@ -125,6 +125,9 @@ start_server() { # variant [extra args...]
       v=${v/-tls/}
       ;;
   esac
+  # Emptied here, not by the background job's redirection, which may come
+  # after the first look below and show the previous server's address.
+  : >"$WORK/srv.out"
   # shellcheck disable=SC2086 # APP_ENV: one word per assignment
   env $APP_ENV taskset -c "$APP_CPU" "$bin" --variant "$v" --listen 127.0.0.1:0 --workers 1 \
     --redis-url "$url" "${tls[@]}" "$@" >"$WORK/srv.out" 2>"$WORK/srv.err" &
