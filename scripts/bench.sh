@@ -4,8 +4,11 @@
 # by themselves), with tower_governor (without and with its rate-limit headers), with this crate
 # on memory and on Redis (each with and without headers), and with two
 # hand-written Redis limiters (one EVALSHA per request on a shared multiplexed
-# connection; on a connection checked out of a deadpool pool), side by side,
-# interleaved over rounds.
+# connection; on a connection checked out of a deadpool pool), and with the
+# closest rival, the crate tower-rate-limiter on memory and on Redis
+# (tools/rival, built with `cargo +nightly` when there is a nightly toolchain:
+# it needs a newer Rust than the stable one; without it its rows are absent),
+# side by side, interleaved over rounds.
 #
 #   scripts/bench.sh                      # ~18 minutes with the defaults
 #   ROUNDS=2 SECS=5 FIXED_SECS=5 scripts/bench.sh   # ~7 minutes
@@ -14,8 +17,9 @@
 # load generator (tools/src/bin/loadgen.rs) and redis-server share CPU $LOAD_CPU.
 # Per variant and round it records wrk's throughput and p50/p99, the app's CPU
 # per request, in user and kernel time (/proc/PID/stat utime, stime), Redis round trips per request
-# (INFO commandstats: EVALSHA, EVAL, PING, UNWATCH, SCRIPT — what clients send;
-# commands run inside scripts are not round trips) and Redis CPU per request
+# (INFO commandstats: EVALSHA, EVAL, PING, UNWATCH, SCRIPT, EXEC — what clients send;
+# commands run inside scripts are not round trips, and a MULTI … EXEC pipeline,
+# tower-rate-limiter's, is one) and Redis CPU per request
 # (INFO cpu). Then fixed-rate runs at half and a quarter of the no-limiter
 # throughput (FIXED_FRACTIONS) report the latency each limiter adds when not
 # saturated, and (when VARIANTS has redis or redis-bare) a hammering client
@@ -32,7 +36,7 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-10}
 FIXED_SECS=${FIXED_SECS:-8}
 CONNS=${CONNS:-64}
-VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis redis-bare multiplexed naive"}
+VARIANTS=${VARIANTS:-"none none-headers governor governor-headers memory memory-bare redis redis-bare multiplexed naive rival rival-redis"}
 APP_CPU=${APP_CPU:-0}
 # Environment assignments for every app variant alike, e.g.
 # APP_ENV=GLIBC_TUNABLES=glibc.malloc.tcache_count=256 (see the README's
@@ -50,6 +54,29 @@ BIN=$CARGO_TARGET_DIR/release
 install_missing "wrk redis-server openssl curl" wrk redis-server redis-cli openssl curl
 
 cargo build --quiet --release -p tower-ratelimit-tools --bin bench_server --bin loadgen
+
+# The rival, tower-rate-limiter: its own crate (not in the workspace), which
+# needs the nightly toolchain. Without it, or when it does not build, its
+# variants are left out and the report says so.
+RIVAL_MISSING=""
+case " $VARIANTS " in
+  *" rival "* | *" rival-redis "*)
+    if ! cargo +nightly --version >/dev/null 2>&1; then
+      RIVAL_MISSING="no nightly toolchain to build tools/rival (rustup toolchain install nightly)"
+    elif ! cargo +nightly build --quiet --release --manifest-path tools/rival/Cargo.toml; then
+      RIVAL_MISSING="tools/rival did not build with cargo +nightly"
+    fi
+    if [ -n "$RIVAL_MISSING" ]; then
+      echo "bench.sh: tower-rate-limiter left out: $RIVAL_MISSING" >&2
+      kept=""
+      for v in $VARIANTS; do
+        case $v in rival | rival-redis) ;; *) kept="$kept $v" ;; esac
+      done
+      VARIANTS=${kept# }
+    fi
+    ;;
+esac
+export RIVAL_MISSING
 
 # Variants named VARIANT@base run the bench_server of BASE_REV (the working
 # tree's tools/src/bin/bench_server.rs built against that revision of the crate),
@@ -103,7 +130,7 @@ cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 redis_cmds() {
   rcli INFO commandstats | tr -d '\r' |
-    awk -F'[:=,]' '/^cmdstat_(evalsha|eval|ping|unwatch|script):/ {s += $3} END {print s + 0}'
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval|ping|unwatch|script|exec):/ {s += $3} END {print s + 0}'
 }
 
 SRV_PID=""
@@ -117,6 +144,7 @@ start_server() { # variant [extra args...]
       v=${v%@base}
       bin=$BASE_BIN
       ;;
+    rival | rival-redis) bin=$BIN/rival_server ;;
   esac
   case $v in
     redis-tls | redis-tls-bare)
@@ -138,7 +166,7 @@ start_server() { # variant [extra args...]
     [ -n "$SRV_ADDR" ] && return
     sleep 0.05
   done
-  echo "bench_server --variant $v did not start:" >&2
+  echo "${bin##*/} --variant $v did not start:" >&2
   cat "$WORK/srv.err" >&2
   exit 1
 }

@@ -10,9 +10,11 @@ RESULTS has one line per measurement, as bench.sh writes them:
     fixed ROUND VARIANT RATE sent=… ok=… rejected=… errors=… dropped=… rate=… p50_us=… p99_us=… max_us=…
     hammer deny cache on|off REQUESTS REJECTED COMMANDS
     failopen CONNECTIONS REQUESTS DECISIONS_WITHOUT_THE_STORE
+When the environment has RIVAL_MISSING (bench.sh could not build
+tools/rival), the report says why the rival's rows are absent.
 scripts/bench_report_test.py checks it on made-up results.
 """
-import sys, statistics as st
+import os, sys, statistics as st
 path, machine, rounds, secs, fsecs, conns, steal = sys.argv[1:]
 sat, fix, ham, fo = {}, {}, [], []
 for line in open(path):
@@ -35,7 +37,7 @@ def per_round(v, against="none"):
         return None
     return [x[0] / b[0] for x, b in zip(sat[v], sat[against])]
 known = ["none", "none-headers", "governor", "governor-headers", "memory", "memory-bare", "redis", "redis-bare",
-         "redis-tls", "redis-tls-bare", "multiplexed", "naive"]
+         "redis-tls", "redis-tls-bare", "multiplexed", "naive", "rival", "rival-redis"]
 names = {"none": "no limiter", "none-headers": "no limiter, four constant x-ratelimit-* headers",
          "governor": "tower_governor 0.8 (memory)",
          "governor-headers": "tower_governor 0.8, use_headers() (2 headers)", "memory": "tower-ratelimit, memory",
@@ -45,7 +47,9 @@ names = {"none": "no limiter", "none-headers": "no limiter, four constant x-rate
          "redis-tls": "tower-ratelimit, Redis over TLS",
          "redis-tls-bare": "tower-ratelimit, Redis over TLS, no headers",
          "multiplexed": "one shared multiplexed connection + EVALSHA per request",
-         "naive": "naive deadpool + EVALSHA per request"}
+         "naive": "naive deadpool + EVALSHA per request",
+         "rival": "tower-rate-limiter 0.1.6, memory",
+         "rival-redis": "tower-rate-limiter 0.1.6, Redis"}
 # VARIANT@base: the same variant built from the baseline revision (BASE_REV).
 for v in known:
     names[v + "@base"] = names[v] + " (baseline revision)"
@@ -82,7 +86,8 @@ if "none" in sat and len(sat["none"]) > 1:
     for v, against, label in [
             ("memory", "none-headers", "the no-limiter app sending four constant headers"),
             ("memory-bare", "governor", "tower_governor (neither sends headers)"),
-            ("redis-bare", "multiplexed", "the multiplexed EVALSHA limiter (neither sends headers)")] + [
+            ("redis-bare", "multiplexed", "the multiplexed EVALSHA limiter (neither sends headers)"),
+            ("redis", "rival-redis", "tower-rate-limiter's Redis")] + [
             (v, v + "@base", "the baseline revision") for v in known] + [
             ("redis-tls", "redis", "itself over plain TCP"),
             ("redis-tls-bare", "redis-bare", "itself over plain TCP")]:
@@ -124,6 +129,8 @@ if rates:
             cells.append(f"{p50 / 1000:.2f} / {p99 / 1000:.2f} ms / {added}")
         print(f"| {names[v]} | " + " | ".join(cells) + " |")
 print()  # a table ends at a blank line
+if os.environ.get("RIVAL_MISSING"):
+    print(f"tower-rate-limiter 0.1.6 (rival, rival-redis): rows absent, {os.environ['RIVAL_MISSING']}.")
 for label, reqs, non2xx, cmds in ham:
     print(f"Hammering client, {label}: {int(reqs)} requests, {int(non2xx)} rejected, "
           f"{int(cmds)} Redis commands ({cmds / max(non2xx, 1):.4f} per rejected request).")
@@ -156,6 +163,9 @@ target("memory store not below tower_governor (neither sending headers)",
        lambda x: round(x, 2) >= 1.0, lambda x: f"{x:.2f}× of tower_governor")
 target("Redis store ≥ 0.7× of no limiter", both(ratio("redis"), ratio("redis-bare")),
        lambda x: round(x, 2) >= 0.7, lambda x: f"{x:.2f}×")
+target("Redis store ≥ 1.2× tower-rate-limiter's Redis store",
+       [("both with headers", ratio("redis", "rival-redis"))],
+       lambda x: round(x, 2) >= 1.2, lambda x: f"{x:.2f}× of tower-rate-limiter")
 redis_med = lambda v, i: med([x[i] for x in sat[v]]) if v in sat else None
 target("≤ 6 µs of Redis CPU per decision", both(redis_med("redis", 5), redis_med("redis-bare", 5)),
        lambda x: round(x, 1) <= 6, lambda x: f"{x:.1f} µs")

@@ -2,8 +2,10 @@
 """Checks scripts/bench_report.py on made-up results whose verdicts are known:
 each target is judged on the value it prints (0.966 shows 0.97 and meets
 0.97), a variant that could not keep up with the half-load rate misses,
-"met ... only" names the variants that meet a target when others do not, and
-targets whose variants did not run are left out. .ci/run runs it.
+"met ... only" names the variants that meet a target when others do not,
+targets whose variants did not run are left out, and the report says why
+tower-rate-limiter's rows are absent when bench.sh could not build it.
+.ci/run runs it.
 
     python3 scripts/bench_report_test.py
 """
@@ -58,6 +60,7 @@ class Targets(unittest.TestCase):
                 sat(rnd, "memory-bare", 96.6 * scale),  # 0.966 of none: shown 0.97, met
                 sat(rnd, "redis", 69.6 * scale, cmds=0.07, redis_cpu=6.04),  # 0.696: shown 0.70
                 sat(rnd, "redis-bare", 65 * scale, cmds=0.07, redis_cpu=6.2),
+                sat(rnd, "rival-redis", 58 * scale, cmds=1.0, redis_cpu=9.0),  # 69.6 / 58 = 1.2: met
             ]
         # Half of the no-limiter median (150) is 75 req/s; 37 is a quarter.
         for rnd in (1, 2):
@@ -78,6 +81,8 @@ class Targets(unittest.TestCase):
                 ("without headers 0.98× of tower_governor", "missed"),
             "Redis store ≥ 0.7× of no limiter":
                 ("with headers 0.70×; without headers 0.65×", "met with headers only"),
+            "Redis store ≥ 1.2× tower-rate-limiter's Redis store":
+                ("both with headers 1.20× of tower-rate-limiter", "met"),
             "≤ 6 µs of Redis CPU per decision":
                 ("with headers 6.0 µs; without headers 6.2 µs", "met with headers only"),
             "≤ 0.5 ms added p99 at half load (75 req/s)":
@@ -95,6 +100,25 @@ class Targets(unittest.TestCase):
         self.assertEqual(got, {
             "memory store ≥ 0.97× of no limiter": ("with headers 0.98×", "met"),
         })
+
+    def test_rival_target_is_judged_on_the_value_it_prints(self):
+        # 1.196 shows 1.20 and meets 1.2; 1.19 misses.
+        for redis, verdict in ((119.6, "met"), (119, "missed")):
+            got = targets([sat(1, "none", 200), sat(1, "redis", redis), sat(1, "rival-redis", 100)], 1)
+            self.assertEqual(got["Redis store ≥ 1.2× tower-rate-limiter's Redis store"][1], verdict)
+
+    def test_without_the_rival_its_target_is_left_out_and_the_report_says_why(self):
+        lines = [sat(1, "none", 100), sat(1, "redis", 80)]
+        self.assertNotIn("Redis store ≥ 1.2× tower-rate-limiter's Redis store", targets(lines, 1))
+        with tempfile.NamedTemporaryFile("w", suffix=".results", delete=False) as f:
+            f.write("\n".join(lines) + "\n")
+        try:
+            out = subprocess.run([sys.executable, REPORT, f.name, "test machine", "1", "5", "4", "64", "0.0"],
+                                 check=True, capture_output=True, text=True,
+                                 env={**os.environ, "RIVAL_MISSING": "no nightly toolchain"}).stdout
+        finally:
+            os.unlink(f.name)
+        self.assertIn("tower-rate-limiter 0.1.6 (rival, rival-redis): rows absent, no nightly toolchain.", out)
 
     def test_without_a_baseline_no_target_is_reported(self):
         self.assertEqual(targets([sat(1, "memory", 98), sat(1, "governor", 99)], 1), {})
