@@ -4,11 +4,16 @@
 # scripts/criterion_compare.sh and scripts/criterion_instructions.sh
 # (sourced, not run).
 
-# A 127.0.0.1 TCP port nothing listens on (never Redis's default 6379).
+# A 127.0.0.1 TCP port nothing listens on (never Redis's default 6379),
+# below the kernel's ephemeral range: a port in that range may be taken as
+# the local end of any outgoing connection (the load generators open
+# thousands) between this check and the server's bind.
 free_port() {
-  local p
+  local low=32768 p
+  read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  [ "$low" -gt 12000 ] 2>/dev/null || low=32768
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (low - 10000)))
     (: </dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo "$p"; return; }
   done
 }
